@@ -1,0 +1,39 @@
+"""Deterministic prompt assignment (DESIGN §2).
+
+Which prompts a worker answers, with which target lengths and sampling seeds, follows
+from a seed derived from (run seed, worker address, step, submission counter). A worker
+cannot choose easy prompts, and a validator recomputes the exact list.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The prompts of one work submission."""
+
+    seed: int
+    problem_indices: list[int]
+    target_lengths: list[int]  # -1 where the task has no length target
+    sample_seeds: list[list[int]]  # [prompt][sample]
+
+
+def assignment_seed(run_seed: int, worker_address: str, step: int, counter: int) -> int:
+    text = f"swarmrl-assignment|{run_seed}|{worker_address}|{step}|{counter}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+def assign(run_seed: int, worker_address: str, step: int, counter: int, *, num_problems: int,
+           prompts: int, group_size: int, target_lengths: list[int]) -> Assignment:
+    """The assignment for one submission; pure, so every party computes the same one."""
+    seed = assignment_seed(run_seed, worker_address, step, counter)
+    rng = np.random.default_rng(seed)
+    indices = rng.integers(0, num_problems, size=prompts).tolist()
+    targets = rng.choice(target_lengths, size=prompts).tolist() if target_lengths else [-1] * prompts
+    sample_seeds = rng.integers(0, 2**63 - 1, size=(prompts, group_size), dtype=np.int64).tolist()
+    return Assignment(seed=seed, problem_indices=indices, target_lengths=[int(t) for t in targets], sample_seeds=sample_seeds)

@@ -1,0 +1,87 @@
+"""Checkpoint directories: one Hugging Face model directory per step, written atomically.
+
+Layout: `<run>/checkpoints/step_<n:06d>/` holds `config.json`, `model.safetensors`,
+tokenizer files and, for the trainer's own resume, `trainer_state.pt`. A checkpoint is
+written under a hidden temporary name and renamed when complete, so a reader never sees
+half of one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+_STEP_DIR = re.compile(r"^step_(\d{6,})$")
+
+
+def checkpoint_dir(root: Path, step: int) -> Path:
+    return Path(root) / f"step_{step:06d}"
+
+
+def list_checkpoints(root: Path) -> list[int]:
+    """Steps of the complete checkpoints under root, ascending."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    steps = []
+    for entry in root.iterdir():
+        match = _STEP_DIR.match(entry.name)
+        if match and (entry / "config.json").exists():
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+def latest_checkpoint(root: Path) -> int | None:
+    steps = list_checkpoints(root)
+    return steps[-1] if steps else None
+
+
+def load_policy(path: Path, threads: int | None = None):
+    """(model in eval mode, tokenizer) from any Hugging Face causal LM directory."""
+    if threads:
+        torch.set_num_threads(threads)
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{path} is not a model directory (no config.json)")
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.eval()
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return model, tok
+
+
+def save_checkpoint(root: Path, step: int, model, tokenizer, trainer_state: dict | None = None) -> Path:
+    """Write checkpoint `step` atomically and return its directory."""
+    final = checkpoint_dir(root, step)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if trainer_state is not None:
+        torch.save(trainer_state, tmp / "trainer_state.pt")
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return final
+
+
+def prune_checkpoints(root: Path, keep: int, protect: set[int] = frozenset()) -> list[int]:
+    """Remove all but the newest `keep` checkpoints (never those in `protect`)."""
+    steps = list_checkpoints(root)
+    removed = []
+    for step in steps[:-keep] if keep > 0 else steps:
+        if step in protect:
+            continue
+        # Rename first so a reader scanning the folder never sees a half-deleted checkpoint.
+        doomed = checkpoint_dir(root, step)
+        trash = doomed.with_name(f".{doomed.name}.deleting")
+        os.replace(doomed, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+        removed.append(step)
+    return removed

@@ -1,0 +1,117 @@
+"""The `swarmrl` command: one subcommand per role, plus `run` for a whole local swarm."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from swarmrl.config import ConfigError, add_config_arguments, config_from_args
+
+
+def _run(args) -> int:
+    from swarmrl.run import SwarmError, run_swarm
+
+    cfg = config_from_args(args)
+    try:
+        run_swarm(cfg)
+    except SwarmError as exc:
+        print(f"swarmrl run failed: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _trainer(args) -> int:
+    from swarmrl.trainer.trainer import Trainer
+
+    cfg = config_from_args(args)
+    trainer = Trainer(cfg, Path(args.start_model))
+
+    def show(record: dict) -> None:
+        print(json.dumps({k: record[k] for k in ("step", "reward", "task_reward", "length_error", "grad_norm",
+                                                   "clip_ratio", "entropy", "staleness_mean", "wait_seconds")}), flush=True)
+
+    trainer.run(on_step=show)
+    return 0
+
+
+def _worker(args) -> int:
+    from swarmrl.inference.worker import run_worker
+
+    cfg = config_from_args(args)
+    written = run_worker(cfg, args.address)
+    print(f"worker {args.address}: wrote {written} rollout files", flush=True)
+    return 0
+
+
+def _eval(args) -> int:
+    from swarmrl.evaluation import evaluate
+    from swarmrl.tasks.registry import build_task
+
+    cfg = config_from_args(args)
+    print(json.dumps(evaluate(Path(args.model), build_task(cfg.task), cfg), indent=2))
+    return 0
+
+
+def _init_model(args) -> int:
+    from swarmrl.model.build import ensure_default_model
+
+    def report(step: int, total: int, loss: float) -> None:
+        if step % 50 == 0 or step == total:
+            print(f"warm start step {step}/{total} loss {loss:.4f}", file=sys.stderr, flush=True)
+
+    print(ensure_default_model(args.cache_dir, progress=report))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="swarmrl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="train the configured model with a local swarm (trainer + workers) and evaluate it",
+                       description="Start a trainer and N inference workers on this machine, train with asynchronous GRPO, "
+                                   "evaluate the starting and final checkpoints, write <output_dir>/<run_name>/summary.json. "
+                                   "Every option below is a config field; --config reads them from a TOML file.")
+    add_config_arguments(p)
+    p.set_defaults(func=_run)
+
+    p = sub.add_parser("trainer", help="run the GRPO trainer process of a run (resumes from its last checkpoint)")
+    add_config_arguments(p)
+    p.add_argument("--start-model", required=True, help="model directory to start from when the run has no checkpoint")
+    p.set_defaults(func=_trainer)
+
+    p = sub.add_parser("worker", help="run one inference worker process of a run")
+    add_config_arguments(p)
+    p.add_argument("--address", required=True, help="this worker's address (names its rollout files and seeds its assignments)")
+    p.set_defaults(func=_worker)
+
+    p = sub.add_parser("eval", help="evaluate a model directory on the configured task's held-out split")
+    add_config_arguments(p)
+    p.add_argument("--model", required=True, help="Hugging Face model directory")
+    p.set_defaults(func=_eval)
+
+    p = sub.add_parser("init-model", help="build (or find) the cached embedded default model and print its path")
+    p.add_argument("--cache-dir", type=Path, default=None, help="cache folder (default $SWARMRL_CACHE or ~/.cache/swarmrl)")
+    p.set_defaults(func=_init_model)
+
+    try:
+        from swarmrl.shardcast.cli import register as register_shardcast
+    except ImportError:
+        register_shardcast = None
+    if register_shardcast is not None:
+        register_shardcast(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"swarmrl: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

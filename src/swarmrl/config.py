@@ -1,0 +1,170 @@
+"""Typed run configuration: pydantic models, TOML loading and command-line overrides.
+
+Every field carries its help text; `swarmrl run --help` prints them all. A value can
+come from the defaults, a TOML file (`--config FILE`), or a flag named after its
+dotted path (`--trainer.lr 1e-3`), later sources winning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    path: str | None = Field(None, description="Hugging Face causal LM directory to start from; empty = the embedded tiny model (built and cached on first use)")
+    cache_dir: str | None = Field(None, description="where the embedded model is cached (default: $SWARMRL_CACHE or ~/.cache/swarmrl)")
+
+
+class TaskConfig(_Section):
+    name: Literal["arithmetic", "math", "code"] = Field("arithmetic", description="task: arithmetic (embedded), math (\\boxed{} answers, math-verify) or code (tests in a sandbox)")
+    path: str | None = Field(None, description="JSONL or Parquet file of problems (math and code tasks)")
+    eval_path: str | None = Field(None, description="separate held-out file (math and code); default: a held-out tail of `path`")
+    eval_size: int = Field(256, ge=1, description="held-out problems to evaluate on")
+    target_lengths: list[int] = Field([32, 44], description="target completion lengths (tokens), one sampled per prompt and written into it; empty = no length target")
+    length_penalty: float = Field(0.02, ge=0, description="alpha in reward = task reward - alpha*|target - length| (paper: 3e-4 for thousands of tokens)")
+
+    @model_validator(mode="after")
+    def _needs_path(self) -> "TaskConfig":
+        if self.name != "arithmetic" and not self.path:
+            raise ValueError(f"task.path is required for the {self.name} task")
+        if any(t <= 0 for t in self.target_lengths):
+            raise ValueError("task.target_lengths must be positive")
+        return self
+
+
+class SamplingConfig(_Section):
+    temperature: float = Field(0.6, gt=0, description="sampling temperature; the trainer divides logits by the same value")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling threshold (1 = off)")
+    max_new_tokens: int = Field(48, ge=1, description="completion length limit")
+    group_size: int = Field(8, ge=2, description="G: samples per prompt; advantages are normalized within a group")
+
+
+class WorkerConfig(_Section):
+    count: int = Field(2, ge=1, description="inference worker processes started by `swarmrl run`")
+    prompts_per_file: int = Field(8, ge=1, description="prompts per work submission (one rollout file)")
+    threads: int = Field(1, ge=1, description="torch threads per worker process")
+    poll_seconds: float = Field(0.2, gt=0, description="how often an idle worker looks for a new checkpoint or step")
+
+
+class TrainerConfig(_Section):
+    steps: int = Field(40, ge=0, description="rollout steps to train (checkpoints 1..steps)")
+    batch_samples: int = Field(128, ge=1, description="non-zero-advantage samples consumed per rollout step (whole groups)")
+    optimizer_steps: int = Field(2, ge=1, description="optimizer steps per rollout step (the batch is split into this many minibatches)")
+    lr: float = Field(2e-3, gt=0, description="AdamW learning rate (paper: 3e-7 for 32B)")
+    warmup_steps: int = Field(2, ge=0, description="linear learning-rate warm-up, in optimizer steps")
+    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
+    grad_clip: float = Field(1.0, gt=0, description="gradient-norm clip (paper: 0.05-0.1 for 32B)")
+    epsilon: float = Field(0.2, gt=0, lt=1, description="two-sided ratio clip: ratio is clipped to [1-eps, 1+eps]")
+    delta: float = Field(4.0, gt=1, description="cap on the ratio for negative advantages (paper: 4)")
+    entropy_coef: float = Field(0.0, ge=0, description="entropy bonus coefficient (0 = off)")
+    keep_checkpoints: int = Field(4, ge=1, description="checkpoints kept on disk (at least async_level + 1 are always kept)")
+    threads: int = Field(1, ge=1, description="torch threads for the trainer process")
+    seed: int = Field(0, description="trainer seed")
+
+
+class RunConfig(_Section):
+    run_name: str = Field("default", description="name of the run; outputs go to <output_dir>/<run_name>")
+    output_dir: str = Field("outputs", description="parent folder of run folders")
+    async_level: int = Field(2, ge=0, description="k: samples for step n must come from a policy >= n-k (0 = synchronous)")
+    seed: int = Field(0, description="seed for prompt assignment and sampling")
+    eval_before: bool = Field(True, description="evaluate the starting checkpoint on the held-out split")
+    eval_after: bool = Field(True, description="evaluate the final checkpoint on the held-out split")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="starting model")
+    task: TaskConfig = Field(default_factory=TaskConfig, description="task and reward")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="sampling")
+    worker: WorkerConfig = Field(default_factory=WorkerConfig, description="inference workers")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="GRPO trainer")
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.run_name
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message is one line naming the field."""
+
+
+def _flat_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            out.extend(_flat_fields(annotation, f"{prefix}{name}."))
+        else:
+            out.append((f"{prefix}{name}", field))
+    return out
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `--config FILE` and one `--<dotted.field>` flag per field, with its help text."""
+    parser.add_argument("--config", type=Path, help="TOML file with any of the fields below")
+    for dotted, field in _flat_fields(RunConfig):
+        default = field.default if field.default_factory is None else field.default_factory()
+        parser.add_argument(
+            f"--{dotted}",
+            dest=f"cfg__{dotted}",
+            metavar="VALUE",
+            default=None,
+            help=f"{field.description} [default: {json.dumps(default)}]",
+        )
+
+
+def _parse_flag(value: str) -> Any:
+    # Flags arrive as text; JSON gives numbers, booleans, lists and null their types,
+    # and anything that is not JSON is taken as a plain string.
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        tree = tree.setdefault(part, {})
+    tree[leaf] = value
+
+
+def _one_line(err: ValidationError) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "config"
+    got = f" (got {json.dumps(first['input'], default=str)})" if "input" in first and not isinstance(first["input"], dict) else ""
+    return f"invalid config: {where}: {first['msg']}{got}"
+
+
+def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Defaults < TOML file < overrides (dotted keys). Raises ConfigError with one line."""
+    tree: dict = {}
+    if path is not None:
+        try:
+            tree = tomllib.loads(Path(path).read_text()) if Path(path).suffix == ".toml" else json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"config file {path} is not valid: {exc}") from None
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(tree, dotted, value)
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc)) from None
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    overrides = {
+        key.removeprefix("cfg__"): _parse_flag(value)
+        for key, value in vars(args).items()
+        if key.startswith("cfg__") and value is not None
+    }
+    return load_config(args.config, overrides)

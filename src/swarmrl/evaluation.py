@@ -1,0 +1,49 @@
+"""Held-out evaluation: pass@1 and length error of a checkpoint on the task's eval split.
+
+One sample per held-out problem at the training temperature, with fixed per-problem
+seeds and a fixed per-problem target length, so two checkpoints are compared on exactly
+the same prompts and randomness.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+from swarmrl.checkpoints import load_policy
+from swarmrl.config import RunConfig
+from swarmrl.inference.rollout import completion_text
+from swarmrl.inference.sampler import SamplingParams, sample
+from swarmrl.tasks.base import Task
+
+
+def _stable(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+def evaluate(model_dir: Path, task: Task, cfg: RunConfig, batch_size: int = 256) -> dict:
+    model, tok = load_policy(model_dir)
+    problems = task.eval_problems()
+    targets = cfg.task.target_lengths
+    params = SamplingParams(temperature=cfg.sampling.temperature, max_new_tokens=cfg.sampling.max_new_tokens,
+                            eos_token_id=tok.eos_token_id, top_p=cfg.sampling.top_p)
+    correct, errors, lengths = [], [], []
+    for start in range(0, len(problems), batch_size):
+        chunk = problems[start:start + batch_size]
+        chunk_targets = [targets[_stable("target|" + p.problem_id) % len(targets)] if targets else None for p in chunk]
+        prompts = [tok(task.render_prompt(p, t))["input_ids"] for p, t in zip(chunk, chunk_targets)]
+        seeds = [_stable("eval|" + p.problem_id) >> 1 for p in chunk]
+        gens = sample(model, prompts, seeds, params, pad_id=tok.pad_token_id, capture_hidden=False)
+        for problem, target, gen in zip(chunk, chunk_targets, gens):
+            correct.append(task.score(problem, completion_text(tok, gen.tokens, tok.eos_token_id)))
+            lengths.append(len(gen.tokens))
+            if target is not None:
+                errors.append(abs(target - len(gen.tokens)))
+    return {
+        "accuracy": float(np.mean(correct)),
+        "length_error": float(np.mean(errors)) if errors else None,
+        "mean_length": float(np.mean(lengths)),
+        "problems": len(problems),
+    }

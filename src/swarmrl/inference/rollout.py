@@ -1,0 +1,78 @@
+"""Turn one assignment into scored, grouped samples: generate, reward, advantages.
+
+Pure apart from running the model: given a policy, a task and an assignment it returns
+the rollout file's columns. The worker process (`worker.py`) does the I/O around it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from swarmrl.assignment import Assignment
+from swarmrl.inference.sampler import Generation, SamplingParams, sample
+from swarmrl.rewards import group_advantages, has_signal, score_sample
+from swarmrl.tasks.base import Task
+
+
+@dataclass
+class RolloutBatch:
+    columns: dict[str, list]
+    generations: list[Generation]
+    num_nonzero: int
+    gen_seconds: float
+    gen_tokens: int
+
+
+def completion_text(tokenizer, tokens: list[int], eos_id: int) -> str:
+    body = tokens[:-1] if tokens and tokens[-1] == eos_id else tokens
+    return tokenizer.decode(body, skip_special_tokens=True)
+
+
+def generate_rollouts(model, tokenizer, task: Task, assignment: Assignment, params: SamplingParams,
+                      policy_step: int, length_penalty: float, capture_hidden: bool = True) -> RolloutBatch:
+    """Generate G samples for every assigned prompt and score them."""
+    import time
+
+    problems = [task.train_problem(i) for i in assignment.problem_indices]
+    prompts, seeds, owners = [], [], []
+    for p_idx, (problem, target) in enumerate(zip(problems, assignment.target_lengths)):
+        ids = tokenizer(task.render_prompt(problem, target if target >= 0 else None))["input_ids"]
+        for s in assignment.sample_seeds[p_idx]:
+            prompts.append(ids)
+            seeds.append(s)
+            owners.append(p_idx)
+    start = time.perf_counter()
+    gens = sample(model, prompts, seeds, params, pad_id=tokenizer.pad_token_id, capture_hidden=capture_hidden)
+    gen_seconds = time.perf_counter() - start
+
+    cols: dict[str, list] = {k: [] for k in (
+        "problem_id", "input_tokens", "output_tokens", "output_logprobs", "rewards", "task_rewards",
+        "length_penalties", "advantages", "target_lengths", "policy_step", "seed", "proofs")}
+    rewards = []
+    for gen, p_idx, prompt, seed in zip(gens, owners, prompts, seeds):
+        problem, target = problems[p_idx], assignment.target_lengths[p_idx]
+        text = completion_text(tokenizer, gen.tokens, params.eos_token_id)
+        reward = score_sample(task.score(problem, text), target, len(gen.tokens), length_penalty)
+        rewards.append(reward.total)
+        cols["problem_id"].append(problem.problem_id)
+        cols["input_tokens"].append(prompt)
+        cols["output_tokens"].append(gen.tokens)
+        cols["output_logprobs"].append(gen.logprobs.tolist())
+        cols["rewards"].append(reward.total)
+        cols["task_rewards"].append(reward.task_reward)
+        cols["length_penalties"].append(reward.length_penalty)
+        cols["target_lengths"].append(target)
+        cols["policy_step"].append(policy_step)
+        cols["seed"].append(int(seed))
+        cols["proofs"].append(b"")
+    group = len(assignment.sample_seeds[0])
+    num_nonzero = 0
+    for start_row in range(0, len(rewards), group):
+        chunk = rewards[start_row:start_row + group]
+        cols["advantages"].extend(group_advantages(chunk).tolist())
+        num_nonzero += group if has_signal(chunk) else 0
+    return RolloutBatch(columns=cols, generations=gens, num_nonzero=num_nonzero,
+                        gen_seconds=gen_seconds, gen_tokens=sum(len(g.tokens) for g in gens))

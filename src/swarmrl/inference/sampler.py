@@ -1,0 +1,272 @@
+"""Batched, KV-cached sampling that also returns the final-norm hidden states.
+
+Design choices:
+- Llama-family models (llama, qwen2, mistral) run on a fast path: a static KV cache
+  allocated once, the model's own weights applied with plain torch ops, and finished
+  sequences dropped from the batch as they end (`transformers.generate` keeps computing
+  them). Any other causal LM runs on a generic path through the model's own forward
+  with its cache. Both return the same things.
+- Randomness is per sample, not per batch: the uniform number that picks token t of a
+  sample comes from a counter-based generator keyed by (sample seed, t). A sample's
+  text depends only on its seed and its logits, not on batch size or composition, so a
+  validator can replay it.
+- Token t is drawn by inverse CDF from softmax(logits / temperature) (after top-p when
+  top_p < 1). The recorded logprob is log softmax(logits / temperature) of the drawn
+  token, the same quantity the trainer computes (top-p truncation is not included).
+- The hidden state recorded for token t is the last norm's output at the position whose
+  logits drew token t (the LM head's input), kept in bf16: what TOPLOC proofs hash.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+FAST_ARCHITECTURES = {"llama", "qwen2", "mistral"}
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float
+    max_new_tokens: int
+    eos_token_id: int
+    top_p: float = 1.0
+
+
+@dataclass
+class Generation:
+    """One sampled completion."""
+
+    tokens: list[int]  # completion token ids, including the EOS if one was drawn
+    logprobs: np.ndarray  # float32 [len(tokens)]
+    hidden: torch.Tensor | None  # bf16 [len(tokens), hidden] final-norm states
+    stopped_on_eos: bool
+
+
+def uniforms(seeds: np.ndarray, step: int) -> np.ndarray:
+    """Counter-based uniforms in [0, 1): splitmix64 of (seed, step), one per seed."""
+    with np.errstate(over="ignore"):
+        x = seeds.astype(np.uint64) * _GOLDEN + np.uint64(step + 1) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+def draw(logits: torch.Tensor, u: np.ndarray, temperature: float, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row by inverse CDF; return (tokens, logprobs under logits/T)."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    probs = logp.exp().double()
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        keep = (sorted_p.cumsum(-1) - sorted_p) < top_p  # always keeps the top token
+        sorted_p = sorted_p * keep
+        cdf = sorted_p.cumsum(-1)
+        target = torch.from_numpy(u).unsqueeze(-1) * cdf[:, -1:]
+        pick = torch.searchsorted(cdf, target).clamp(max=probs.shape[-1] - 1)
+        tokens = order.gather(-1, pick).squeeze(-1)
+    else:
+        cdf = probs.cumsum(-1)
+        target = torch.from_numpy(u).unsqueeze(-1) * cdf[:, -1:]
+        tokens = torch.searchsorted(cdf, target).clamp(max=probs.shape[-1] - 1).squeeze(-1)
+    return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def _left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p):] = True
+    return ids, mask
+
+
+class _FastLlama:
+    """Static-cache decoder over a Llama-family model's own weights."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        cfg = model.config
+        self.model = model
+        self.base = model.model
+        self.layers = list(self.base.layers)
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.scale = self.head_dim**-0.5
+
+    @staticmethod
+    def _rms(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+        return norm.weight * xf.to(dtype)
+
+    @staticmethod
+    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, attn_mask: torch.Tensor,
+                cache: list[tuple[torch.Tensor, torch.Tensor]], start: int) -> torch.Tensor:
+        """Run `ids` [B, T] at cache slots start..start+T; return final-norm states [B, T, H]."""
+        x = self.base.embed_tokens(ids)
+        cos, sin = self.base.rotary_emb(x, positions)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        b, t, _ = x.shape
+        end = start + t
+        for layer, (k_cache, v_cache) in zip(self.layers, cache):
+            attn = layer.self_attn
+            h = self._rms(layer.input_layernorm, x)
+            q = attn.q_proj(h).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+            k = attn.k_proj(h).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+            v = attn.v_proj(h).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+            k_cache[:, :, start:end] = k
+            v_cache[:, :, start:end] = v
+            out = F.scaled_dot_product_attention(
+                q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=attn_mask,
+                scale=self.scale, enable_gqa=self.n_kv != self.n_heads,
+            )
+            x = x + attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+            mlp = layer.mlp
+            h = self._rms(layer.post_attention_layernorm, x)
+            x = x + mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h))
+        return self._rms(self.base.norm, x)
+
+    def sample(self, prompts: list[list[int]], seeds: np.ndarray, params: SamplingParams,
+               pad_id: int, capture_hidden: bool) -> list[Generation]:
+        model = self.model
+        n = len(prompts)
+        ids, prompt_mask = _left_pad(prompts, pad_id)
+        width = ids.shape[1]
+        total = width + params.max_new_tokens
+        dtype = self.base.embed_tokens.weight.dtype
+        cache = [
+            (torch.empty(n, self.n_kv, total, self.head_dim, dtype=dtype),
+             torch.empty(n, self.n_kv, total, self.head_dim, dtype=dtype))
+            for _ in self.layers
+        ]
+        key_ok = torch.ones(n, total, dtype=torch.bool)
+        key_ok[:, :width] = prompt_mask
+        positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+        causal = torch.ones(width, width, dtype=torch.bool).tril()
+        mask = causal.unsqueeze(0) & prompt_mask.unsqueeze(1)
+        # A pad query row would attend to nothing (NaN); let it see itself. Its output is never used.
+        mask |= torch.eye(width, dtype=torch.bool).unsqueeze(0)
+        hidden = self.forward(ids, positions, mask.unsqueeze(1), cache, 0)[:, -1]
+        next_pos = positions[:, -1] + 1
+
+        out_tokens = torch.zeros(n, params.max_new_tokens, dtype=torch.long)
+        out_logp = torch.zeros(n, params.max_new_tokens, dtype=torch.float32)
+        out_hidden = torch.zeros(n, params.max_new_tokens, hidden.shape[-1], dtype=torch.bfloat16) if capture_hidden else None
+        lengths = torch.zeros(n, dtype=torch.long)
+        eos = torch.zeros(n, dtype=torch.bool)
+        active = torch.arange(n)
+        act_seeds = seeds.copy()
+        for step in range(params.max_new_tokens):
+            logits = model.lm_head(hidden)
+            tok, logp = draw(logits, uniforms(act_seeds, step), params.temperature, params.top_p)
+            out_tokens[active, step] = tok
+            out_logp[active, step] = logp
+            if out_hidden is not None:
+                out_hidden[active, step] = hidden.to(torch.bfloat16)
+            lengths[active] = step + 1
+            done = tok == params.eos_token_id
+            eos[active[done]] = True
+            if step + 1 == params.max_new_tokens:
+                break
+            if done.any():
+                keep = (~done).nonzero().squeeze(-1)
+                if keep.numel() == 0:
+                    break
+                active, tok, next_pos = active[keep], tok[keep], next_pos[keep]
+                act_seeds = act_seeds[keep.numpy()]
+                key_ok = key_ok[keep]
+                cache = [(k[keep], v[keep]) for k, v in cache]
+            slot = width + step
+            step_mask = key_ok[:, : slot + 1].unsqueeze(1).unsqueeze(1)
+            hidden = self.forward(tok.unsqueeze(-1), next_pos.unsqueeze(-1), step_mask, cache, slot)[:, -1]
+            next_pos = next_pos + 1
+        return _collect(out_tokens, out_logp, out_hidden, lengths, eos)
+
+
+def _collect(tokens, logp, hidden, lengths, eos) -> list[Generation]:
+    out = []
+    for i in range(tokens.shape[0]):
+        n = int(lengths[i])
+        out.append(Generation(
+            tokens=tokens[i, :n].tolist(),
+            logprobs=logp[i, :n].numpy().copy(),
+            hidden=hidden[i, :n].clone() if hidden is not None else None,
+            stopped_on_eos=bool(eos[i]),
+        ))
+    return out
+
+
+def _generic_sample(model, prompts, seeds, params, pad_id, capture_hidden) -> list[Generation]:
+    """Any causal LM: its own forward and cache, one step per token, no batch shrinking."""
+    from transformers import DynamicCache
+
+    base = model.base_model
+    cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    n = len(prompts)
+    ids, attn = _left_pad(prompts, pad_id)
+    positions = (attn.long().cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    out = base(input_ids=ids, attention_mask=attn.long(), position_ids=positions, use_cache=True, **{cache_kw: cache})
+    hidden = out.last_hidden_state[:, -1]
+    next_pos = positions[:, -1:] + 1
+    out_tokens = torch.zeros(n, params.max_new_tokens, dtype=torch.long)
+    out_logp = torch.zeros(n, params.max_new_tokens, dtype=torch.float32)
+    out_hidden = torch.zeros(n, params.max_new_tokens, hidden.shape[-1], dtype=torch.bfloat16) if capture_hidden else None
+    lengths = torch.zeros(n, dtype=torch.long)
+    eos = torch.zeros(n, dtype=torch.bool)
+    for step in range(params.max_new_tokens):
+        tok, logp = draw(model.get_output_embeddings()(hidden), uniforms(seeds, step), params.temperature, params.top_p)
+        live = ~eos
+        out_tokens[live, step] = tok[live]
+        out_logp[live, step] = logp[live]
+        if out_hidden is not None:
+            out_hidden[live, step] = hidden[live].to(torch.bfloat16)
+        lengths[live] = step + 1
+        eos |= live & (tok == params.eos_token_id)
+        if bool(eos.all()) or step + 1 == params.max_new_tokens:
+            break
+        attn = torch.cat([attn, torch.ones(n, 1, dtype=torch.bool)], dim=1)
+        out = base(input_ids=tok.unsqueeze(-1), attention_mask=attn.long(), position_ids=next_pos, use_cache=True, **{cache_kw: cache})
+        hidden = out.last_hidden_state[:, -1]
+        next_pos = next_pos + 1
+    return _collect(out_tokens, out_logp, out_hidden, lengths, eos)
+
+
+def supports_fast_path(model: torch.nn.Module) -> bool:
+    cfg = model.config
+    return (
+        cfg.model_type in FAST_ARCHITECTURES
+        and not getattr(cfg, "use_sliding_window", False)
+        and getattr(cfg, "hidden_act", "silu") == "silu"
+        and hasattr(model, "model") and hasattr(model.model, "rotary_emb")
+    )
+
+
+@torch.inference_mode()
+def sample(model: torch.nn.Module, prompts: list[list[int]], seeds: list[int] | np.ndarray,
+           params: SamplingParams, pad_id: int, capture_hidden: bool = True,
+           fast: bool | None = None) -> list[Generation]:
+    """Sample one completion per prompt (repeat a prompt for a group). See module docstring."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    seeds = np.asarray(seeds, dtype=np.uint64)
+    if seeds.shape != (len(prompts),):
+        raise ValueError(f"need one seed per prompt: {len(prompts)} prompts, {seeds.shape} seeds")
+    use_fast = supports_fast_path(model) if fast is None else fast
+    if use_fast:
+        return _FastLlama(model).sample(prompts, seeds, params, pad_id, capture_hidden)
+    return _generic_sample(model, prompts, seeds, params, pad_id, capture_hidden)

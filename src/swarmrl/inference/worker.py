@@ -1,0 +1,125 @@
+"""The inference worker process: fetch a policy, pick a step, generate, write a rollout file.
+
+Loop:
+1. Load the newest checkpoint (a worker may lag: it keeps generating with what it has
+   while the bound allows).
+2. Pick the step to generate for: the lowest step s, from the trainer's current step
+   up to (held policy step + async_level), whose folder still lacks enough
+   non-zero-advantage samples. None fits: wait for a newer checkpoint.
+3. Derive the assignment for (worker address, s, submission counter), generate G
+   samples per prompt, score, compute group advantages, attach TOPLOC proofs.
+4. Write `rollouts/step_<s>/<address>-<counter>.parquet` atomically.
+
+The trainer's current step is the newest checkpoint's step: the trainer is always
+building checkpoint n+1 from step-n rollouts while checkpoint n is the newest.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from swarmrl.assignment import assign
+from swarmrl.checkpoints import latest_checkpoint, load_policy, checkpoint_dir
+from swarmrl.config import RunConfig
+from swarmrl.inference.rollout import generate_rollouts
+from swarmrl.inference.sampler import SamplingParams
+from swarmrl.rollouts import RolloutFileError, RolloutMeta, read_meta, write_rollouts
+from swarmrl.tasks.registry import build_task
+
+log = logging.getLogger("swarmrl.worker")
+
+
+def step_folder(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / "rollouts" / f"step_{step:06d}"
+
+
+class UsableCounter:
+    """Counts non-zero-advantage samples per step folder, reading each file's footer once."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+        self._seen: dict[Path, int] = {}
+
+    def count(self, step: int) -> int:
+        total = 0
+        folder = step_folder(self.run_dir, step)
+        if not folder.is_dir():
+            return 0
+        for path in folder.glob("*.parquet"):
+            if path not in self._seen:
+                try:
+                    self._seen[path] = read_meta(path).num_nonzero
+                except RolloutFileError:
+                    self._seen[path] = 0
+            total += self._seen[path]
+        return total
+
+
+def next_counter(folder: Path, address: str) -> int:
+    return len(list(folder.glob(f"{address}-*.parquet"))) if folder.is_dir() else 0
+
+
+def choose_step(trainer_step: int, policy_step: int, async_level: int, total_steps: int,
+                usable: callable, needed: int) -> int | None:
+    """Lowest step in [trainer_step, policy_step + async_level] still short of samples."""
+    for step in range(trainer_step, min(policy_step + async_level, total_steps - 1) + 1):
+        if usable(step) < needed:
+            return step
+    return None
+
+
+def run_worker(cfg: RunConfig, address: str, stop_after_files: int | None = None) -> int:
+    """Run until the trainer is done; returns the number of rollout files written."""
+    torch.set_num_threads(cfg.worker.threads)
+    run_dir = cfg.run_dir
+    ckpt_root = run_dir / "checkpoints"
+    task = build_task(cfg.task)
+    counter = UsableCounter(run_dir)
+    model = tok = None
+    policy_step = -1
+    written = 0
+    stats_path = run_dir / "logs" / f"{address}.jsonl"
+    stats_path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        if (run_dir / "trainer_done.json").exists():
+            return written
+        latest = latest_checkpoint(ckpt_root)
+        if latest is None:
+            time.sleep(cfg.worker.poll_seconds)
+            continue
+        if latest > policy_step:
+            try:
+                model, tok = load_policy(checkpoint_dir(ckpt_root, latest))
+                policy_step = latest
+                log.info("loaded policy step %d", latest)
+            except (OSError, ValueError) as exc:  # pruned or replaced while loading: try again
+                log.warning("could not load checkpoint %d (%s); retrying", latest, exc)
+                time.sleep(cfg.worker.poll_seconds)
+                continue
+        step = choose_step(latest, policy_step, cfg.async_level, cfg.trainer.steps, counter.count, cfg.trainer.batch_samples)
+        if step is None:
+            time.sleep(cfg.worker.poll_seconds)
+            continue
+        folder = step_folder(run_dir, step)
+        submission = next_counter(folder, address)
+        assignment = assign(cfg.seed, address, step, submission, num_problems=task.num_train(),
+                            prompts=cfg.worker.prompts_per_file, group_size=cfg.sampling.group_size,
+                            target_lengths=cfg.task.target_lengths)
+        params = SamplingParams(temperature=cfg.sampling.temperature, max_new_tokens=cfg.sampling.max_new_tokens,
+                                eos_token_id=tok.eos_token_id, top_p=cfg.sampling.top_p)
+        batch = generate_rollouts(model, tok, task, assignment, params, policy_step, cfg.task.length_penalty)
+        meta = RolloutMeta(run_id=cfg.run_name, worker_address=address, step=step, submission=submission,
+                           num_samples=len(batch.columns["problem_id"]), num_nonzero=batch.num_nonzero)
+        path = write_rollouts(folder / f"{address}-{submission:05d}.parquet", batch.columns, meta)
+        written += 1
+        with open(stats_path, "a") as fh:
+            fh.write(json.dumps({"time": time.time(), "file": str(path), "step": step, "policy_step": policy_step,
+                                 "gen_seconds": round(batch.gen_seconds, 4), "gen_tokens": batch.gen_tokens,
+                                 "nonzero": batch.num_nonzero}) + "\n")
+        if stop_after_files is not None and written >= stop_after_files:
+            return written

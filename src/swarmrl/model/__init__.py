@@ -1,0 +1,1 @@
+"""The embedded default model: a character tokenizer and a tiny warm-started causal LM."""

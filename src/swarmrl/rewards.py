@@ -1,0 +1,49 @@
+"""Rewards and group advantages (DESIGN §3): pure functions, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+ADVANTAGE_EPS = 1e-6
+# Rewards closer than this count as equal: a group whose rewards all agree carries no
+# learning signal and is dropped by online filtering.
+REWARD_TIE = 1e-6
+
+
+@dataclass(frozen=True)
+class Reward:
+    """The parts of one sample's reward."""
+
+    task_reward: float
+    length_penalty: float
+
+    @property
+    def total(self) -> float:
+        return self.task_reward - self.length_penalty
+
+
+def length_penalty(target_length: int | None, completion_length: int, alpha: float) -> float:
+    """alpha * |target - length|; zero when the prompt has no target (target None or < 0)."""
+    if target_length is None or target_length < 0:
+        return 0.0
+    return alpha * abs(target_length - completion_length)
+
+
+def score_sample(task_reward: float, target_length: int | None, completion_length: int, alpha: float) -> Reward:
+    return Reward(task_reward=task_reward, length_penalty=length_penalty(target_length, completion_length, alpha))
+
+
+def group_advantages(rewards: np.ndarray | list[float]) -> np.ndarray:
+    """A = (r - mean) / (std + 1e-6) within one group (population std, as in GRPO)."""
+    r = np.asarray(rewards, dtype=np.float64)
+    if r.size == 0:
+        raise ValueError("a group needs at least one reward")
+    return ((r - r.mean()) / (r.std() + ADVANTAGE_EPS)).astype(np.float32)
+
+
+def has_signal(rewards: np.ndarray | list[float]) -> bool:
+    """False when every reward in the group is the same (zero advantage everywhere)."""
+    r = np.asarray(rewards, dtype=np.float64)
+    return bool(r.max() - r.min() > REWARD_TIE)

@@ -1,0 +1,174 @@
+"""`swarmrl run`: a whole swarm on one machine, from warm start to held-out evaluation.
+
+Starts the trainer and N inference workers as separate processes (they talk only
+through the run folder: checkpoints and rollout files), shows live progress from the
+trainer's metrics, stops everything if any process fails (printing its log tail), and
+finally evaluates the starting and the final checkpoint on the held-out split and
+writes `<output_dir>/<run_name>/summary.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from swarmrl.checkpoints import checkpoint_dir, latest_checkpoint
+from swarmrl.config import RunConfig
+from swarmrl.evaluation import evaluate
+from swarmrl.model.build import ensure_default_model
+from swarmrl.tasks.registry import build_task
+from swarmrl.trainer.trainer import read_metrics
+
+
+class SwarmError(RuntimeError):
+    """A process of the swarm failed; the message carries its log tail."""
+
+
+def resolve_start_model(cfg: RunConfig, console: Console) -> Path:
+    if cfg.model.path:
+        path = Path(cfg.model.path)
+        if not (path / "config.json").exists():
+            raise SwarmError(f"model.path {path} is not a Hugging Face model directory (no config.json)")
+        return path
+    with Progress(TextColumn("warm start of the embedded model"), BarColumn(), TextColumn("{task.completed}/{task.total} loss {task.fields[loss]:.3f}"),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        bar = progress.add_task("sft", total=None, loss=float("nan"))
+
+        def report(step: int, total: int, loss: float) -> None:
+            progress.update(bar, completed=step, total=total, loss=loss)
+
+        return ensure_default_model(Path(cfg.model.cache_dir) if cfg.model.cache_dir else None, progress=report)
+
+
+def _spawn(args: list[str], log_path: Path, threads: int) -> subprocess.Popen:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    fh = open(log_path, "ab")
+    return subprocess.Popen([sys.executable, "-m", "swarmrl", *args], stdout=fh, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _stop(procs: dict[str, subprocess.Popen], grace: float = 5.0) -> None:
+    for proc in procs.values():
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.time() + grace
+    for proc in procs.values():
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
+    console = console or Console(stderr=True)
+    started = time.time()
+    run_dir = cfg.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_path = run_dir / "config.json"
+    config_path.write_text(cfg.model_dump_json(indent=2))
+    start_model = resolve_start_model(cfg, console)
+    console.print(f"starting model: {start_model}")
+    task = build_task(cfg.task)
+    before = None
+    if cfg.eval_before:
+        with console.status("evaluating the starting model on the held-out split"):
+            before = evaluate(start_model, task, cfg)
+        console.print(f"before RL: accuracy {before['accuracy']:.3f}, length error {before['length_error']}")
+
+    logs = run_dir / "logs"
+    procs = {"trainer": _spawn(["trainer", "--config", str(config_path), "--start-model", str(start_model)],
+                               logs / "trainer.log", cfg.trainer.threads)}
+    for i in range(cfg.worker.count):
+        procs[f"worker-{i}"] = _spawn(["worker", "--config", str(config_path), "--address", f"worker-{i}"],
+                                      logs / f"worker-{i}.log", cfg.worker.threads)
+    metrics_path = run_dir / "metrics.jsonl"
+    try:
+        with Progress(TextColumn("[bold]GRPO"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
+                      TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console) as progress:
+            bar = progress.add_task("train", total=cfg.trainer.steps, info="waiting for the first rollouts")
+            while True:
+                for name, proc in procs.items():
+                    code = proc.poll()
+                    if code not in (None, 0) or (code == 0 and name == "trainer"):
+                        break
+                else:
+                    code = None
+                    name = None
+                records = read_metrics(metrics_path)
+                if records:
+                    last = records[-1]
+                    progress.update(bar, completed=last["step"] + 1, info=(
+                        f"reward {last['reward']:+.3f} task {last['task_reward']:.3f} |len err| {last['length_error']:.1f} "
+                        f"grad {last['grad_norm']:.3f} clip {last['clip_ratio']:.3f} stale {last['staleness_mean']:.2f} "
+                        f"wait {last['wait_seconds']:.1f}s"))
+                if name is not None:
+                    if code != 0:
+                        raise SwarmError(f"{name} exited with code {code}; last lines of {logs / (name + '.log')}:\n"
+                                         + _tail(logs / f"{name}.log"))
+                    break
+                time.sleep(0.5)
+        for name, proc in procs.items():
+            if name != "trainer":
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    pass
+                if proc.returncode not in (None, 0):
+                    raise SwarmError(f"{name} exited with code {proc.returncode}; last lines:\n" + _tail(logs / f"{name}.log"))
+    finally:
+        _stop(procs)
+
+    final_step = latest_checkpoint(run_dir / "checkpoints")
+    after = None
+    if cfg.eval_after and final_step is not None:
+        with console.status(f"evaluating checkpoint {final_step} on the held-out split"):
+            after = evaluate(checkpoint_dir(run_dir / "checkpoints", final_step), task, cfg)
+    records = read_metrics(metrics_path)
+    wait = sum(r["wait_seconds"] for r in records)
+    busy = sum(r["step_seconds"] for r in records)
+    summary = {
+        "run": cfg.run_name,
+        "run_dir": str(run_dir),
+        "start_model": str(start_model),
+        "async_level": cfg.async_level,
+        "workers": cfg.worker.count,
+        "accuracy_before": before["accuracy"] if before else None,
+        "accuracy_after": after["accuracy"] if after else None,
+        "length_error_before": before["length_error"] if before else None,
+        "length_error_after": after["length_error"] if after else None,
+        "eval_problems": (after or before or {}).get("problems"),
+        "steps": len(records),
+        "final_step": final_step,
+        "samples_trained": sum(r["samples"] for r in records),
+        "samples_generated": sum(r["samples_read"] for r in records),
+        "staleness_max": max((r["staleness_max"] for r in records), default=None),
+        "trainer_idle_fraction": wait / busy if busy else None,
+        "wall_seconds": round(time.time() - started, 1),
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    table = Table(title=f"swarmrl run {cfg.run_name}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    console.print(table)
+    console.print(f"summary written to {run_dir / 'summary.json'}")
+    return summary

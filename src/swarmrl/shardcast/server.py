@@ -1,0 +1,160 @@
+"""Serve a SHARDCAST root directory over HTTP (aiohttp, kernel sendfile, Range requests).
+
+Only the layout's names are routed (distribution.txt, data1.bin, v<N>/shard_NNNNN.bin,
+v<N>/manifest.json), so no request can reach any other file under the root or above it.
+File bodies go out through aiohttp's ``FileResponse``, which uses ``loop.sendfile`` (the
+kernel copies page cache to socket) and answers ``Range`` with 206. The server binds to
+127.0.0.1 unless told otherwise. It counts what it serves: ``GET /stats.json`` or
+``ServerHandle.stats`` give the body bytes of every completed file response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+
+from swarmrl.shardcast.layout import DISTRIBUTION_FILE, MANIFEST_FILE, PROBE_FILE, shard_index
+
+DEFAULT_HOST = "127.0.0.1"
+
+
+@dataclass
+class ServerStats:
+    """What a server has served since it started (completed file responses only)."""
+
+    bytes_served: int = 0
+    responses: int = 0
+    shard_bytes: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def record(self, nbytes: int, is_shard: bool) -> None:
+        with self.lock:
+            self.bytes_served += nbytes
+            self.responses += 1
+            if is_shard:
+                self.shard_bytes += nbytes
+
+    def as_dict(self) -> dict[str, int]:
+        with self.lock:
+            return {"bytes_served": self.bytes_served, "shard_bytes": self.shard_bytes, "responses": self.responses}
+
+
+class _CountedFileResponse(web.FileResponse):
+    """A FileResponse that adds its body to the server's stats once it has been sent."""
+
+    def __init__(self, path: Path, stats: ServerStats, is_shard: bool, headers: dict[str, str] | None = None):
+        super().__init__(path, headers=headers)
+        self._stats = stats
+        self._is_shard = is_shard
+
+    async def prepare(self, request: web.BaseRequest):
+        writer = await super().prepare(request)  # returns after sendfile has sent the body
+        if request.method == "GET" and self.status in (200, 206):
+            self._stats.record(self.content_length or 0, self._is_shard)
+        return writer
+
+
+def make_app(root: Path, stats: ServerStats) -> web.Application:
+    root = Path(root).resolve()
+
+    async def send(request: web.Request, path: Path, is_shard: bool, headers: dict[str, str] | None = None):
+        return _CountedFileResponse(path, stats, is_shard, headers)
+
+    async def distribution(request: web.Request):
+        return await send(request, root / DISTRIBUTION_FILE, False, {"Cache-Control": "no-store"})
+
+    async def probe(request: web.Request):
+        return await send(request, root / PROBE_FILE, False)
+
+    async def version_file(request: web.Request):
+        name = request.match_info["name"]
+        is_shard = shard_index(name) is not None
+        if not is_shard and name != MANIFEST_FILE:
+            raise web.HTTPNotFound()
+        return await send(request, root / f"v{int(request.match_info['version'])}" / name, is_shard)
+
+    async def stats_json(request: web.Request):
+        return web.Response(text=json.dumps(stats.as_dict()), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get(f"/{DISTRIBUTION_FILE}", distribution)
+    app.router.add_get(f"/{PROBE_FILE}", probe)
+    app.router.add_get("/stats.json", stats_json)
+    app.router.add_get(r"/v{version:\d+}/{name}", version_file)
+    return app
+
+
+async def serve(root: Path, host: str = DEFAULT_HOST, port: int = 0) -> tuple[web.AppRunner, int, ServerStats]:
+    """Start serving ``root`` on the running loop; return the runner, the bound port and the stats."""
+    stats = ServerStats()
+    runner = web.AppRunner(make_app(root, stats), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=512)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1]  # the real port when port=0
+    return runner, bound, stats
+
+
+@dataclass
+class ServerHandle:
+    """A server running on its own thread and event loop; ``stop()`` ends it."""
+
+    host: str
+    port: int
+    stats: ServerStats
+    _loop: asyncio.AbstractEventLoop
+    _runner: web.AppRunner
+    _thread: threading.Thread
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+
+def start_server(root: Path, host: str = DEFAULT_HOST, port: int = 0) -> ServerHandle:
+    """Serve ``root`` from a background thread (port 0 picks a free port; see ``.url``)."""
+    loop = asyncio.new_event_loop()
+    started: dict = {}
+    ready = threading.Event()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            started["result"] = loop.run_until_complete(serve(root, host, port))
+        except BaseException as exc:
+            started["error"] = exc
+            ready.set()
+            return
+        ready.set()
+        loop.run_forever()
+        loop.close()
+
+    thread = threading.Thread(target=run, name=f"shardcast-server-{port}", daemon=True)
+    thread.start()
+    ready.wait()
+    if "error" in started:
+        raise started["error"]
+    runner, bound, stats = started["result"]
+    return ServerHandle(host, bound, stats, loop, runner, thread)
+
+
+async def serve_forever(root: Path, host: str = DEFAULT_HOST, port: int = 0) -> None:
+    runner, bound, _ = await serve(root, host, port)
+    print(f"serving {root} at http://{host}:{bound}", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

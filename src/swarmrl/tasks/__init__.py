@@ -1,0 +1,1 @@
+"""Tasks: a prompt source plus a verifier (DESIGN §3)."""

@@ -1,0 +1,119 @@
+"""The embedded default task: three-digit addition worked digit by digit.
+
+A completion works the sum from the units up, one fixed-width step per digit
+(`<digit a>+<digit b>+<carry in>=<two-digit sum>;`), then gives the answer after a
+final `=`. Fixed-width steps keep the copy from scratchpad to answer at constant
+offsets, which a tiny transformer learns in a short supervised run.
+
+Two things are left for RL to fix, both on purpose (`demonstration`):
+- the demonstrations forget an incoming carry with probability `carry_drop`, so the
+  warm-started model drops carries and gets many sums wrong;
+- they add a check line after the answer (`|347+285=632`, "verbose") at random,
+  ignoring the target length the prompt asks for, so the length error is large until
+  RL conditions that choice on the target.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import random
+
+from swarmrl.tasks.base import Problem
+
+LOW, HIGH = 100, 999
+SPAN = HIGH - LOW + 1
+DIGITS = 3
+
+
+def _stable_int(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+def worked_solution(a: int, b: int, *, drop_carries: list[bool] | None = None, verbose: bool = False) -> str:
+    """The scratchpad and answer for a+b. `drop_carries[i]` forgets the carry into digit i."""
+    steps, carry, digits = [], 0, []
+    for i in range(DIGITS):
+        da, db = a // 10**i % 10, b // 10**i % 10
+        if drop_carries is not None and drop_carries[i]:
+            carry = 0
+        total = da + db + carry
+        steps.append(f"{da}+{db}+{carry}={total:02d};")
+        digits.append(str(total % 10))
+        carry = total // 10
+    answer = ("1" if carry else "") + "".join(reversed(digits))
+    check = f"|{a}+{b}={answer}" if verbose else ""
+    return "".join(steps) + "=" + answer + check
+
+
+def parse_answer(completion: str) -> int | None:
+    """The answer: the integer after the `;=` that ends the worked steps, else None.
+
+    The optional check line after `|` does not count, so a right answer is not undone
+    by a sloppy check and a wrong one is not rescued by it.
+    """
+    if ";=" not in completion:
+        return None
+    tail = completion.rsplit(";=", 1)[1].split("|", 1)[0].strip()
+    return int(tail) if tail.isdigit() and len(tail) <= 8 else None
+
+
+class ArithmeticTask:
+    """Three-digit addition: 810,000 problems, a fixed held-out split of `eval_size`."""
+
+    name = "arithmetic"
+
+    def __init__(self, eval_size: int = 256, eval_seed: int = 1234) -> None:
+        total = SPAN * SPAN
+        picked = random.Random(eval_seed).sample(range(total), eval_size)
+        self._eval_codes = sorted(picked)
+        self._total = total
+
+    @staticmethod
+    def _problem(code: int) -> Problem:
+        a, b = LOW + code // SPAN, LOW + code % SPAN
+        return Problem(problem_id=f"add-{a}-{b}", question=f"{a}+{b}", answer=str(a + b))
+
+    def num_train(self) -> int:
+        return self._total - len(self._eval_codes)
+
+    def train_problem(self, index: int) -> Problem:
+        if not 0 <= index < self.num_train():
+            raise IndexError(f"train index {index} out of range [0, {self.num_train()})")
+        # Map the index onto the codes that are not held out: skip each eval code at or
+        # below the running position (the eval codes are sorted).
+        code = index
+        for held_out in self._eval_codes:
+            if held_out <= code:
+                code += 1
+            else:
+                break
+        return self._problem(code)
+
+    def eval_problems(self) -> list[Problem]:
+        return [self._problem(code) for code in self._eval_codes]
+
+    def is_held_out(self, problem: Problem) -> bool:
+        a, b = (int(x) for x in problem.question.split("+"))
+        code = (a - LOW) * SPAN + (b - LOW)
+        i = bisect.bisect_left(self._eval_codes, code)
+        return i < len(self._eval_codes) and self._eval_codes[i] == code
+
+    def render_prompt(self, problem: Problem, target_length: int | None) -> str:
+        if target_length is None:
+            return f"{problem.question}\n"
+        return f"think {target_length}: {problem.question}\n"
+
+    def score(self, problem: Problem, completion: str) -> float:
+        return 1.0 if parse_answer(completion) == int(problem.answer) else 0.0
+
+    def demonstration(self, problem: Problem, rng: random.Random, carry_drop: float, verbose_prob: float) -> str:
+        """An imperfect worked solution, as used for the warm start (see module docstring)."""
+        a, b = (int(x) for x in problem.question.split("+"))
+        drops = [rng.random() < carry_drop for _ in range(DIGITS)]
+        return worked_solution(a, b, drop_carries=drops, verbose=rng.random() < verbose_prob)
+
+
+def target_for(problem_id: str, choices: list[int], salt: str = "") -> int:
+    """A deterministic target length for a problem (used for evaluation)."""
+    return choices[_stable_int(problem_id + salt) % len(choices)]

@@ -1,0 +1,25 @@
+"""Build the configured task."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from swarmrl.config import TaskConfig
+from swarmrl.tasks.base import Task
+
+
+def build_task(cfg: TaskConfig) -> Task:
+    """The task named in the config, loading the user's problem files where needed."""
+    if cfg.name == "arithmetic":
+        from swarmrl.tasks.arithmetic import ArithmeticTask
+
+        return ArithmeticTask(eval_size=cfg.eval_size)
+    if cfg.name == "math":
+        from swarmrl.tasks.math import MathTask
+
+        return MathTask(Path(cfg.path), eval_path=Path(cfg.eval_path) if cfg.eval_path else None, eval_size=cfg.eval_size)
+    if cfg.name == "code":
+        from swarmrl.tasks.code import CodeTask
+
+        return CodeTask(Path(cfg.path), eval_path=Path(cfg.eval_path) if cfg.eval_path else None, eval_size=cfg.eval_size)
+    raise ValueError(f"unknown task {cfg.name!r}")

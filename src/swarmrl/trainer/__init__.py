@@ -1,0 +1,1 @@
+"""The GRPO trainer: reads accepted rollouts, takes optimizer steps, writes checkpoints."""
