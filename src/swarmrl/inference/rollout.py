@@ -15,6 +15,7 @@ from swarmrl.assignment import Assignment
 from swarmrl.inference.sampler import Generation, SamplingParams, sample
 from swarmrl.rewards import group_advantages, has_signal, score_sample
 from swarmrl.tasks.base import Task
+from swarmrl.toploc import build_proofs, proofs_to_bytes
 
 
 @dataclass
@@ -24,6 +25,7 @@ class RolloutBatch:
     num_nonzero: int
     gen_seconds: float
     gen_tokens: int
+    proof_seconds: float
 
 
 def completion_text(tokenizer, tokens: list[int], eos_id: int) -> str:
@@ -51,8 +53,11 @@ def generate_rollouts(model, tokenizer, task: Task, assignment: Assignment, para
     cols: dict[str, list] = {k: [] for k in (
         "problem_id", "input_tokens", "output_tokens", "output_logprobs", "rewards", "task_rewards",
         "length_penalties", "advantages", "target_lengths", "policy_step", "seed", "proofs")}
+    proof_start = time.perf_counter()
+    proofs = [proofs_to_bytes(build_proofs(g.hidden)) if g.hidden is not None else b"" for g in gens]
+    proof_seconds = time.perf_counter() - proof_start
     rewards = []
-    for gen, p_idx, prompt, seed in zip(gens, owners, prompts, seeds):
+    for gen, p_idx, prompt, seed, proof in zip(gens, owners, prompts, seeds, proofs):
         problem, target = problems[p_idx], assignment.target_lengths[p_idx]
         text = completion_text(tokenizer, gen.tokens, params.eos_token_id)
         reward = score_sample(task.score(problem, text), target, len(gen.tokens), length_penalty)
@@ -67,7 +72,7 @@ def generate_rollouts(model, tokenizer, task: Task, assignment: Assignment, para
         cols["target_lengths"].append(target)
         cols["policy_step"].append(policy_step)
         cols["seed"].append(int(seed))
-        cols["proofs"].append(b"")
+        cols["proofs"].append(proof)
     group = len(assignment.sample_seeds[0])
     num_nonzero = 0
     for start_row in range(0, len(rewards), group):
@@ -75,4 +80,5 @@ def generate_rollouts(model, tokenizer, task: Task, assignment: Assignment, para
         cols["advantages"].extend(group_advantages(chunk).tolist())
         num_nonzero += group if has_signal(chunk) else 0
     return RolloutBatch(columns=cols, generations=gens, num_nonzero=num_nonzero,
-                        gen_seconds=gen_seconds, gen_tokens=sum(len(g.tokens) for g in gens))
+                        gen_seconds=gen_seconds, gen_tokens=sum(len(g.tokens) for g in gens),
+                        proof_seconds=proof_seconds)

@@ -120,6 +120,7 @@ def run_worker(cfg: RunConfig, address: str, stop_after_files: int | None = None
         with open(stats_path, "a") as fh:
             fh.write(json.dumps({"time": time.time(), "file": str(path), "step": step, "policy_step": policy_step,
                                  "gen_seconds": round(batch.gen_seconds, 4), "gen_tokens": batch.gen_tokens,
+                                 "proof_seconds": round(batch.proof_seconds, 4),
                                  "nonzero": batch.num_nonzero}) + "\n")
         if stop_after_files is not None and written >= stop_after_files:
             return written

@@ -114,7 +114,7 @@ def warm_start(recipe: WarmStartRecipe, progress: Callable[[int, int, float], No
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if progress is not None:
-            progress(step + 1, recipe.steps, float(loss))
+            progress(step + 1, recipe.steps, float(loss.detach()))
     model.eval()
     return model, tok
 

@@ -117,7 +117,9 @@ def read_rollouts(path: Path) -> tuple[pa.Table, RolloutMeta]:
         raise RolloutFileError(path, f"missing columns {missing}")
     for field in SCHEMA:
         actual = table.schema.field(field.name).type
-        if actual != field.type:
+        # Compare list types by element type: writers name the element field differently.
+        same = (actual.value_type == field.type.value_type) if pa.types.is_list(field.type) and pa.types.is_list(actual) else actual == field.type
+        if not same:
             raise RolloutFileError(path, f"column {field.name!r} has type {actual}, expected {field.type}")
     if table.num_rows != meta.num_samples:
         raise RolloutFileError(path, f"{table.num_rows} rows but metadata says {meta.num_samples}")

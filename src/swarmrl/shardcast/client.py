@@ -114,6 +114,17 @@ class ServerChooser:
             for other in self.scores.values():
                 other.success_rate = min(1.0, other.success_rate + self.heal)
 
+    def add(self, server: str) -> None:
+        """A server that started listing the version mid-download; it starts at the mean bandwidth."""
+        with self.lock:
+            if server not in self.scores:
+                mean = sum(c.bandwidth for c in self.scores.values()) / max(1, len(self.scores))
+                self.scores[server] = ServerScore(1.0, mean)
+
+    def servers(self) -> set[str]:
+        with self.lock:
+            return set(self.scores)
+
     def weights(self) -> dict[str, float]:
         with self.lock:
             return {s: c.success_rate * c.bandwidth for s, c in self.scores.items()}
@@ -274,8 +285,12 @@ class ShardDownloader:
         stats: TransferStats | None = None,
         on_shard: Callable[[int, ShardInfo], None] | None = None,
         on_bytes: Callable[[int], None] | None = None,
+        candidates: list[str] = (),
+        refresh_s: float = 2.0,
     ) -> None:
         self.source = source
+        self.candidates = [c for c in candidates if c not in source.servers]
+        self.refresh_s = refresh_s
         self.chooser = chooser
         self.target = target
         self.concurrency = concurrency
@@ -331,13 +346,28 @@ class ShardDownloader:
                     results[index] = info
 
         threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(self.concurrency, len(indices)))]
+        finished = threading.Event()
+        if self.candidates:
+            threads.append(threading.Thread(target=self._watch_candidates, args=(finished,), daemon=True))
         for t in threads:
             t.start()
-        for t in threads:
+        for t in threads[: min(self.concurrency, len(indices))]:
             t.join()
+        finished.set()
         if errors:
             raise errors[0]
         return results
+
+    def _watch_candidates(self, finished: threading.Event) -> None:
+        """Add servers (e.g. relays still mirroring) once they list the same version, so load spreads."""
+        while not finished.wait(self.refresh_s):
+            waiting = [c for c in self.candidates if c not in self.chooser.servers()]
+            if not waiting:
+                return
+            for server, listing in read_distributions(waiting, self.timeout).items():
+                if isinstance(listing, dict) and listing.get(self.source.version) == self.source.entry:
+                    log.info("%s now lists v%d; adding it", server, self.source.version)
+                    self.chooser.add(server)
 
     def _fetch_shard(self, index: int, buffer: bytearray | None = None) -> ShardInfo:
         buffer = buffer if buffer is not None else bytearray(BUFFER_SIZE)
@@ -352,7 +382,7 @@ class ShardDownloader:
                 raise FetchError("stopped because another shard failed")
             server = self.chooser.pick(avoid=tried)
             tried.add(server)
-            if tried >= set(self.source.servers):
+            if tried >= self.chooser.servers():
                 tried.clear()
             hasher = blake3.blake3()
             written = 0
@@ -415,11 +445,61 @@ class FetchResult:
     resumed_shards: int = 0
 
 
-def hash_file(path: Path) -> str:
-    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    if os.path.getsize(path):
-        hasher.update_mmap(str(path))
-    return hasher.hexdigest()
+class InOrderHasher:
+    """Hashes the whole file while it downloads: follows the finished shards in file order.
+
+    Shards finish out of order; a thread reads each one back (from the page cache) as soon as
+    every shard before it is done, so only the tail is left to hash when the last one lands.
+    """
+
+    def __init__(self, path: Path, num_shards: int) -> None:
+        self.path = path
+        self.num_shards = num_shards
+        self.spans: dict[int, tuple[int, int]] = {}
+        self.cond = threading.Condition()
+        self.hasher = blake3.blake3()
+        self.failed: BaseException | None = None
+        self.cancelled = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def shard_done(self, index: int, offset: int, size: int) -> None:
+        with self.cond:
+            self.spans[index] = (offset, size)
+            self.cond.notify()
+
+    def _run(self) -> None:
+        buffer = bytearray(BUFFER_SIZE)
+        view = memoryview(buffer)
+        try:
+            with open(self.path, "rb", buffering=0) as f:
+                for index in range(self.num_shards):
+                    with self.cond:
+                        while index not in self.spans and not self.cancelled:
+                            self.cond.wait()
+                        if self.cancelled:
+                            return
+                        offset, size = self.spans[index]
+                    while size > 0:
+                        n = os.preadv(f.fileno(), [view[: min(size, len(buffer))]], offset)
+                        if n == 0:
+                            raise FetchError(f"{self.path} ended early while hashing shard {index + 1}")
+                        self.hasher.update(view[:n])
+                        offset += n
+                        size -= n
+        except BaseException as exc:  # noqa: BLE001 - reported by hexdigest()
+            self.failed = exc
+
+    def cancel(self) -> None:
+        with self.cond:
+            self.cancelled = True
+            self.cond.notify()
+
+    def hexdigest(self, timeout: float | None = None) -> str:
+        self.thread.join(timeout)
+        if self.failed is not None:
+            raise self.failed
+        return self.hasher.hexdigest()
 
 
 def _partial_dir(dest: Path, entry: VersionEntry) -> Path:
@@ -443,7 +523,11 @@ def _done_shards(partial: Path, source: VersionSource, archive: Path) -> set[int
         for index in sorted(done):
             shard = source.manifest.shards[index]
             f.seek(index * source.manifest.shard_size)
-            if blake3.blake3(f.read(shard.size)).hexdigest() == shard.blake3:
+            hasher, left = blake3.blake3(), shard.size
+            while left > 0 and (chunk := f.read(min(left, BUFFER_SIZE))):
+                hasher.update(chunk)
+                left -= len(chunk)
+            if hasher.hexdigest() == shard.blake3:
                 verified.add(index)
     return verified
 
@@ -459,6 +543,7 @@ def download_file(
     max_attempts: int = 6,
     stats: TransferStats | None = None,
     on_bytes: Callable[[int], None] | None = None,
+    candidates: list[str] = (),
 ) -> TransferStats:
     """Fetch every shard not in ``done`` into the single file ``archive`` and check its BLAKE3."""
     stats = stats or TransferStats()
@@ -471,20 +556,34 @@ def download_file(
 
     downloader = ShardDownloader(
         source, chooser, target, concurrency=concurrency, timeout=timeout, max_attempts=max_attempts,
-        stats=stats, on_shard=on_shard, on_bytes=on_bytes,
+        stats=stats, on_shard=on_shard, on_bytes=on_bytes, candidates=candidates,
     )
     if source.manifest is None and done:
         raise ValueError("resuming needs a manifest: without one the shard offsets are unknown")
     if not archive.exists():
         archive.touch()
-    results = downloader.run([i for i in range(source.entry.num_shards) if i not in done])
+    whole = InOrderHasher(archive, source.entry.num_shards)
+    for index in done:
+        whole.shard_done(index, index * source.manifest.shard_size, source.manifest.shards[index].size)
+
+    def shard_finished(index: int, info: ShardInfo) -> None:
+        whole.shard_done(index, target(index)[1], info.size)
+        if on_shard is not None:
+            on_shard(index, info)
+
+    downloader.on_shard = shard_finished
+    try:
+        results = downloader.run([i for i in range(source.entry.num_shards) if i not in done])
+    except BaseException:
+        whole.cancel()
+        raise
     if source.manifest is not None:
         size = source.manifest.file_size
     else:
         last = source.entry.num_shards - 1
         size = downloader.shard_size * last + results[last].size if last in results else os.path.getsize(archive)
     os.truncate(archive, size)
-    digest = hash_file(archive)
+    digest = whole.hexdigest()
     if digest != source.entry.blake3:
         hint = "" if source.manifest else " (the servers publish no per-shard manifest, so the bad shard cannot be told)"
         raise IntegrityError(
@@ -523,6 +622,8 @@ def fetch(
     dest.mkdir(parents=True, exist_ok=True)
     source = resolve_version(servers, version, timeout=timeout, wait_s=wait_s)
     final = dest / version_dir_name(source.version)
+    if not unpack_archive:
+        final = final.with_suffix(".tar")
     if final.exists():
         return FetchResult(final, source.version, {}, [], time.perf_counter() - started)
     partial = _partial_dir(dest, source.entry)
@@ -545,15 +646,14 @@ def fetch(
             download_file(
                 source, archive, done=done, on_shard=record, concurrency=concurrency, timeout=timeout,
                 max_attempts=max_attempts, stats=stats, on_bytes=bar.advance,
+                candidates=[normalize_server(s) for s in servers],
             )
         done_log.close()
         if unpack_archive:
             unpack(archive, final)
-            shutil.rmtree(partial)
         else:
-            os.rename(archive, final.with_suffix(".tar"))
-            shutil.rmtree(partial)
-            final = final.with_suffix(".tar")
+            os.rename(archive, final)
+        shutil.rmtree(partial)
     except FetchError as exc:
         done_log.close()
         still = resolve_or_none(servers, source, timeout)

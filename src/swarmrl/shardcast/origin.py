@@ -18,7 +18,6 @@ Decisions:
 
 from __future__ import annotations
 
-import os
 import shutil
 import tarfile
 from pathlib import Path

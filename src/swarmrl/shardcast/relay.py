@@ -129,7 +129,10 @@ class Relay:
         for index, shard in enumerate(source.manifest.shards):
             path = staging / shard_name(index)
             if path.exists() and path.stat().st_size == shard.size:
-                if blake3.blake3(path.read_bytes()).hexdigest() == shard.blake3:
+                hasher = blake3.blake3()
+                if shard.size:
+                    hasher.update_mmap(str(path))
+                if hasher.hexdigest() == shard.blake3:
                     done.add(index)
         return done
 

@@ -96,7 +96,7 @@ async def serve(root: Path, host: str = DEFAULT_HOST, port: int = 0) -> tuple[we
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=512)
     await site.start()
-    bound = site._server.sockets[0].getsockname()[1]  # the real port when port=0
+    bound = runner.addresses[0][1]  # the real port when port=0
     return runner, bound, stats
 
 

@@ -1,0 +1,138 @@
+"""Recompute, with one batched prefill of the claimed policy, what each sampled token saw.
+
+For every sample the validator feeds prompt + completion (all but the last completion
+token) through the model's own Hugging Face forward, right-padded in batches of similar
+length, and keeps, for each completion token t, the row whose logits drew t:
+
+- the final-norm hidden state in bf16 (what the TOPLOC proof hashes);
+- under the sampling distribution softmax(logits / T) (top-p truncated when top_p < 1,
+  exactly as ``swarmrl.inference.sampler.draw`` builds it): the token's log-probability
+  (the quantity the worker reports), the probability of EOS, the token's CDF interval in
+  the sampler's inverse-CDF order (for replay), and the moments of the surprisal and the
+  probability-integral transform used by the statistical test (``sampling_test``).
+
+The sampler's fast path and this prefill apply the same weights with the same fp32 ops
+in a different order (static cache and one token at a time there, one pass here);
+docs/validator.md gives the measured disagreement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+# Floor for a probability whose log is taken: a token outside the top-p nucleus has
+# probability 0 under the sampling distribution; its surprisal is then large, not inf.
+_TINY = 1e-300
+
+
+@dataclass
+class TokenStats:
+    """Per completion token of one sample, as recomputed by the validator."""
+
+    hidden: torch.Tensor  # bf16 [n, hidden]
+    logprobs: np.ndarray  # float64 [n]: log softmax(logits / T) of the token (untruncated, as the worker records)
+    eos_probs: np.ndarray  # float64 [n]: probability of EOS under the sampling distribution
+    cdf_low: np.ndarray  # float64 [n]: the token's CDF interval in the sampler's order, normalized
+    cdf_high: np.ndarray  # float64 [n]
+    surprisal: np.ndarray  # float64 [n]: -log q(token), q = the sampling distribution
+    entropy: np.ndarray  # float64 [n]: E_q[-log q]
+    surprisal_var: np.ndarray  # float64 [n]: Var_q[-log q]
+    rank_low: np.ndarray  # float64 [n]: q-mass of tokens more likely than this one
+    prob: np.ndarray  # float64 [n]: q(token)
+
+
+def _batches(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Sample indices grouped by similar length so a padded batch stays within the budget."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches, current = [], []
+    for i in order:
+        width = lengths[i]  # ascending, so the newest member is the widest
+        if current and width * (len(current) + 1) > token_budget:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _distribution_stats(logits: torch.Tensor, tokens: torch.Tensor, temperature: float, top_p: float,
+                        eos_id: int) -> dict[str, np.ndarray]:
+    """Per row: the token's statistics under the sampler's distribution (see module docstring)."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    token_logp = logp.gather(-1, tokens[:, None]).squeeze(-1).double()
+    probs = logp.exp().double()
+    rows = torch.arange(len(tokens))
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        keep_sorted = (sorted_p.cumsum(-1) - sorted_p) < top_p
+        kept = torch.zeros_like(probs).scatter(-1, order, (sorted_p * keep_sorted))
+        cdf = (sorted_p * keep_sorted).cumsum(-1)
+        total = cdf[:, -1]
+        where = (order == tokens[:, None]).nonzero()[:, 1]
+        high = cdf[rows, where]
+        low = high - kept[rows, tokens]
+        # A token outside the nucleus cannot be drawn: give it an interval no uniform reaches.
+        outside = kept[rows, tokens] == 0
+        low = torch.where(outside, 2.0 * total, low)
+        high = torch.where(outside, 2.0 * total, high)
+        q = kept / total[:, None]
+    else:
+        cdf = probs.cumsum(-1)
+        total = cdf[:, -1]
+        high = cdf[rows, tokens]
+        low = high - probs[rows, tokens]
+        q = probs / total[:, None]
+    logq = q.clamp(min=_TINY).log()
+    entropy = -(q * logq).sum(-1)
+    second = (q * logq * logq).sum(-1)
+    q_tok = q[rows, tokens]
+    rank_low = (q * (q > q_tok[:, None])).sum(-1)
+    return {
+        "logprobs": token_logp.numpy(),
+        "eos_probs": q[:, eos_id].numpy(),
+        "cdf_low": (low / total).numpy(),
+        "cdf_high": (high / total).numpy(),
+        "surprisal": -q_tok.clamp(min=_TINY).log().numpy(),
+        "entropy": entropy.numpy(),
+        "surprisal_var": (second - entropy * entropy).clamp(min=0).numpy(),
+        "rank_low": rank_low.numpy(),
+        "prob": q_tok.numpy(),
+    }
+
+
+@torch.inference_mode()
+def recompute(model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]], *,
+              temperature: float, top_p: float, eos_id: int, token_budget: int = 16384) -> list[TokenStats]:
+    """One ``TokenStats`` per sample; prompts and completions must be non-empty and in the vocabulary."""
+    if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+    lengths = [len(p) + len(c) - 1 for p, c in zip(prompts, completions)]
+    base = model.base_model
+    head = model.get_output_embeddings()
+    results: list[TokenStats | None] = [None] * len(prompts)
+    for batch in _batches(lengths, token_budget):
+        width = max(lengths[i] for i in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros(len(batch), width, dtype=torch.long)
+        for row, i in enumerate(batch):
+            seq = prompts[i] + completions[i][:-1]
+            ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            mask[row, : len(seq)] = 1
+        hidden = base(input_ids=ids, attention_mask=mask).last_hidden_state
+        # Completion token t was drawn from the logits at position len(prompt) - 1 + t.
+        rows = torch.cat([torch.full((len(completions[i]),), row) for row, i in enumerate(batch)])
+        cols = torch.cat([torch.arange(len(completions[i])) + len(prompts[i]) - 1 for i in batch])
+        states = hidden[rows, cols]
+        tokens = torch.cat([torch.tensor(completions[i], dtype=torch.long) for i in batch])
+        stats = _distribution_stats(head(states), tokens, temperature, top_p, eos_id)
+        bf16 = states.to(torch.bfloat16)
+        start = 0
+        for i in batch:
+            end = start + len(completions[i])
+            results[i] = TokenStats(hidden=bf16[start:end].clone(), **{k: v[start:end] for k, v in stats.items()})
+            start = end
+    return results  # type: ignore[return-value]

@@ -1,0 +1,113 @@
+"""Was a completion sampled honestly from the claimed policy? Replay plus two statistical tests.
+
+1. **Replay** (exact). The sampler draws token t of a sample by inverse CDF with the
+   counter-based uniform u_t = ``uniforms(seed, t)`` (``swarmrl.inference.sampler``). The
+   validator knows the seed and recomputes the CDF, so an honest token lies in the CDF
+   interval [low_t, high_t] that contains u_t, up to numerical drift between the worker's
+   decode and the validator's prefill. A token further than ``tolerance`` outside its
+   interval is a replay miss. With the tolerance above the drift (measured in
+   docs/validator.md) an honest worker never misses; text from any other source misses
+   on nearly every token whose distribution is not almost deterministic.
+2. **Surprisal z-test** (file level). Under honest sampling the surprisal s_t = -log q(x_t)
+   of each token has conditional mean H_t (the entropy of q_t) and variance V_t; the sum
+   of s_t - H_t is a martingale, so Z = sum(s_t - H_t) / sqrt(sum V_t) is approximately
+   N(0, 1) over a file's thousands of tokens. Text from a weaker model has Z >> 0 (tokens
+   less likely than the policy's own), greedy or colder sampling has Z << 0.
+3. **Probability-integral transform** (file level). With tokens ordered from most to
+   least likely, v_t = mass(tokens likelier than x_t) + w_t * q(x_t), where w_t is a
+   validator-side uniform, is exactly U(0, 1) under honest sampling. A Kolmogorov-Smirnov
+   test of the v_t catches distortions the mean of the surprisal misses.
+
+Each statistical test rejects an honest file with probability ``alpha`` (two-sided for
+Z), so the false-reject rate of the pair is at most 2·alpha per file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from swarmrl.inference.sampler import uniforms
+from swarmrl.validator.prefill import TokenStats
+
+
+def sample_uniforms(seed: int, n_tokens: int) -> np.ndarray:
+    """The uniforms the sampler used for tokens 0..n-1 of the sample with this seed."""
+    seeds = np.full(1, seed, dtype=np.int64).astype(np.uint64)
+    return np.array([uniforms(seeds, t)[0] for t in range(n_tokens)])
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """Tokens whose seed uniform falls outside their recomputed CDF interval."""
+
+    misses: int
+    first_miss: int | None  # token index
+    worst_excess: float  # largest distance of a uniform outside its interval (<= 0: all inside)
+
+
+def replay(stats: TokenStats, seed: int, tolerance: float) -> ReplayResult:
+    """Check each token against the inverse-CDF draw its seed implies (see module docstring)."""
+    u = sample_uniforms(seed, len(stats.cdf_low))
+    excess = np.maximum(stats.cdf_low - u, u - stats.cdf_high)
+    missed = np.flatnonzero(excess > tolerance)
+    return ReplayResult(int(missed.size), int(missed[0]) if missed.size else None, float(excess.max()))
+
+
+def _validator_uniforms(seed: int, n_tokens: int) -> np.ndarray:
+    """Uniforms independent of the sampler's, for randomizing the discrete PIT."""
+    salted = int.from_bytes(hashlib.sha256(f"swarmrl-pit|{seed}".encode()).digest()[:8], "big")
+    return sample_uniforms(salted, n_tokens)
+
+
+def pit_values(stats: TokenStats, seed: int) -> np.ndarray:
+    """Randomized probability-integral transform of each token (U(0, 1) when honest)."""
+    return np.clip(stats.rank_low + _validator_uniforms(seed, len(stats.prob)) * stats.prob, 0.0, 1.0)
+
+
+def normal_two_sided_p(z: float) -> float:
+    return math.erfc(abs(z) / math.sqrt(2.0))
+
+
+def kolmogorov_p(values: np.ndarray) -> tuple[float, float]:
+    """(D, p): one-sample KS statistic against U(0, 1) and its asymptotic p-value."""
+    n = len(values)
+    if n == 0:
+        return 0.0, 1.0
+    v = np.sort(values)
+    i = np.arange(1, n + 1)
+    d = float(max((i / n - v).max(), (v - (i - 1) / n).max()))
+    lam = (math.sqrt(n) + 0.12 + 0.11 / math.sqrt(n)) * d  # Stephens' small-sample correction
+    if lam < 0.2:
+        return d, 1.0
+    p = 2.0 * sum((-1) ** (k - 1) * math.exp(-2.0 * k * k * lam * lam) for k in range(1, 101))
+    return d, float(min(1.0, max(0.0, p)))
+
+
+@dataclass(frozen=True)
+class SamplingStatistics:
+    """File-level statistical tests of honest sampling."""
+
+    tokens: int
+    surprisal_z: float
+    surprisal_p: float
+    pit_ks: float
+    pit_p: float
+    worst_sample: int  # the sample with the most extreme per-sample surprisal z
+    worst_sample_z: float
+
+
+def sampling_statistics(all_stats: list[TokenStats], seeds: list[int]) -> SamplingStatistics:
+    """Surprisal z-test and PIT Kolmogorov-Smirnov test over every token of a file."""
+    dev = np.concatenate([s.surprisal - s.entropy for s in all_stats])
+    var = np.concatenate([s.surprisal_var for s in all_stats])
+    z = float(dev.sum() / math.sqrt(max(var.sum(), 1e-12)))
+    per_sample = [float((s.surprisal - s.entropy).sum() / math.sqrt(max(s.surprisal_var.sum(), 1e-12)))
+                  for s in all_stats]
+    worst = int(np.argmax(np.abs(per_sample)))
+    d, p_ks = kolmogorov_p(np.concatenate([pit_values(s, seed) for s, seed in zip(all_stats, seeds)]))
+    return SamplingStatistics(tokens=len(dev), surprisal_z=z, surprisal_p=normal_two_sided_p(z), pit_ks=d,
+                              pit_p=p_ks, worst_sample=worst, worst_sample_z=per_sample[worst])

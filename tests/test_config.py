@@ -1,0 +1,57 @@
+"""Configuration: TOML + flags, and one-line errors naming the field."""
+
+import subprocess
+import sys
+
+import pytest
+
+from swarmrl.cli import build_parser
+from swarmrl.config import ConfigError, config_from_args, load_config
+
+
+def test_defaults_toml_and_flags(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text('run_name = "x"\nasync_level = 1\n[trainer]\nlr = 0.01\nsteps = 3\n')
+    args = build_parser().parse_args(["run", "--config", str(toml), "--trainer.steps", "5", "--task.target_lengths", "[10, 20]"])
+    cfg = config_from_args(args)
+    assert cfg.run_name == "x" and cfg.async_level == 1
+    assert cfg.trainer.lr == 0.01 and cfg.trainer.steps == 5
+    assert cfg.task.target_lengths == [10, 20]
+    assert load_config().sampling.temperature == 0.6
+
+
+@pytest.mark.parametrize("flag,value,field", [
+    ("--trainer.lr", "-1", "trainer.lr"),
+    ("--async_level", "-2", "async_level"),
+    ("--task.name", "chess", "task.name"),
+    ("--sampling.group_size", "one", "sampling.group_size"),
+])
+def test_bad_value_names_the_field(flag, value, field):
+    args = build_parser().parse_args(["run", flag, value])
+    with pytest.raises(ConfigError) as err:
+        config_from_args(args)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"invalid config: {field}:")
+
+
+def test_unknown_toml_key_is_an_error(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text("[trainer]\nlearning_rate = 0.1\n")
+    with pytest.raises(ConfigError, match="trainer.learning_rate"):
+        load_config(toml)
+
+
+def test_cli_exits_at_start_with_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "swarmrl", "run", "--trainer.lr", "-1", "--output_dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines == ["swarmrl: invalid config: trainer.lr: Input should be greater than 0 (got -1)"]
+    assert not any(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def test_help_documents_every_field():
+    text = build_parser().parse_args.__self__._subparsers._group_actions[0].choices["run"].format_help()
+    for flag in ("--trainer.lr", "--async_level", "--task.target_lengths", "--sampling.temperature", "--worker.count"):
+        assert flag in text
+    assert "AdamW learning rate" in text

@@ -1,0 +1,39 @@
+"""Rewards, length penalties and group advantages against hand-computed numbers."""
+
+import numpy as np
+import pytest
+
+from swarmrl.rewards import group_advantages, has_signal, length_penalty, score_sample
+
+
+def test_length_penalty():
+    assert length_penalty(40, 32, 0.02) == pytest.approx(0.16)
+    assert length_penalty(32, 40, 0.02) == pytest.approx(0.16)
+    assert length_penalty(1000, 1000, 3e-4) == 0.0
+    assert length_penalty(-1, 500, 0.02) == 0.0  # no target in the prompt
+    assert length_penalty(None, 500, 0.02) == 0.0
+
+
+def test_reward_is_task_reward_minus_penalty():
+    r = score_sample(1.0, 44, 33, 0.02)
+    assert r.task_reward == 1.0
+    assert r.length_penalty == pytest.approx(0.22)
+    assert r.total == pytest.approx(0.78)
+
+
+def test_group_advantages_hand_computed():
+    # rewards 1, 0, 0, 1: mean 0.5, population std 0.5 -> A = +-0.5 / (0.5 + 1e-6)
+    adv = group_advantages([1.0, 0.0, 0.0, 1.0])
+    expected = 0.5 / (0.5 + 1e-6)
+    np.testing.assert_allclose(adv, [expected, -expected, -expected, expected], rtol=1e-6)
+    # rewards 3, 1, 2: mean 2, std sqrt(2/3)
+    adv = group_advantages([3.0, 1.0, 2.0])
+    s = np.sqrt(2 / 3) + 1e-6
+    np.testing.assert_allclose(adv, [1 / s, -1 / s, 0.0], rtol=1e-6, atol=1e-7)
+
+
+def test_uniform_group_has_zero_advantage_and_no_signal():
+    adv = group_advantages([0.7] * 8)
+    assert np.all(adv == 0.0)
+    assert not has_signal([0.7] * 8)
+    assert has_signal([0.7] * 7 + [0.69])
