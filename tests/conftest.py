@@ -27,4 +27,4 @@ def random_model(kind: str = "llama", hidden: int = 64, layers: int = 2, seed: i
 def warm_model_dir(tmp_path_factory) -> Path:
     """A briefly warm-started embedded model (emits the worked format, often EOS)."""
     dest = tmp_path_factory.mktemp("models") / "tiny"
-    return build_default_model(dest, WarmStartRecipe(steps=60, batch_size=32, lr=5e-3))
+    return build_default_model(dest, WarmStartRecipe(steps=150, batch_size=32, lr=5e-3))

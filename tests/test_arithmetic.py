@@ -7,10 +7,10 @@ from swarmrl.tasks.arithmetic import ArithmeticTask, parse_answer, worked_soluti
 
 def test_worked_solution_and_answer():
     assert worked_solution(347, 285) == "7+5+0=12;4+8+1=13;3+2+1=06;=632"
-    assert worked_solution(947, 285, verbose=True) == "7+5+0=12;4+8+1=13;9+2+1=12;=1232|947+285=1232"
+    assert worked_solution(947, 285, verbose=True) == "947+285:7+5+0=12;4+8+1=13;9+2+1=12;=1232"
     # A dropped carry gives the wrong answer the demonstrations teach.
     assert worked_solution(347, 285, drop_carries=[False, True, False]).endswith(";=622")
-    assert parse_answer("7+5+0=12;4+8+1=13;3+2+1=06;=632|347+285=999") == 632
+    assert parse_answer("347+285:7+5+0=12;4+8+1=13;3+2+1=06;=632") == 632
     assert parse_answer("no answer") is None and parse_answer("1+2+0=03;=") is None
 
 
@@ -21,7 +21,8 @@ def test_scoring():
     assert task.score(problem, worked_solution(a, b)) == 1.0
     assert task.score(problem, worked_solution(a, b, verbose=True)) == 1.0
     assert task.score(problem, "=" + str(a + b + 1)) == 0.0
-    assert task.render_prompt(problem, 44) == f"think 44: {a}+{b}\n"
+    assert task.render_prompt(problem, 40) == f"{a}+{b} think 40\n"
+    assert task.render_prompt(problem, None) == f"{a}+{b}\n"
 
 
 def test_held_out_split_is_fixed_and_disjoint():
@@ -41,6 +42,6 @@ def test_demonstrations_are_imperfect_at_the_configured_rate():
     problems = [task.train_problem(rng.randrange(task.num_train())) for _ in range(2000)]
     demos = [task.demonstration(p, rng, carry_drop=0.6, verbose_prob=0.5) for p in problems]
     right = sum(task.score(p, d) for p, d in zip(problems, demos)) / len(demos)
-    verbose = sum("|" in d for d in demos) / len(demos)
+    verbose = sum(":" in d for d in demos) / len(demos)
     assert 0.25 < right < 0.6
     assert 0.45 < verbose < 0.55

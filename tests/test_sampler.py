@@ -43,7 +43,7 @@ def test_samples_do_not_depend_on_batch_composition():
 def test_finished_sequences_stop_and_record_eos(warm_model_dir):
     model, tok = load_policy(warm_model_dir)
     params = SamplingParams(temperature=0.6, max_new_tokens=60, eos_token_id=tok.eos_token_id)
-    prompt = tok("think 32: 123+456\n")["input_ids"]
+    prompt = tok("123+456 think 32\n")["input_ids"]
     gens = sample(model, [prompt] * 16, list(range(16)), params, pad_id=tok.pad_token_id)
     ended = [g for g in gens if g.stopped_on_eos]
     assert ended, "a warm-started model ends some completions"

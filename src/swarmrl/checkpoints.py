@@ -15,6 +15,10 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
+
+# Loading a million-parameter checkpoint every step: per-load progress bars are noise.
+hf_logging.disable_progress_bar()
 
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
 

@@ -96,12 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, default=None, help="cache folder (default $SWARMRL_CACHE or ~/.cache/swarmrl)")
     p.set_defaults(func=_init_model)
 
-    try:
-        from swarmrl.shardcast.cli import register as register_shardcast
-    except ImportError:
-        register_shardcast = None
-    if register_shardcast is not None:
-        register_shardcast(sub)
+    from swarmrl.shardcast.cli import register as register_shardcast
+    from swarmrl.validator.cli import register as register_validate
+
+    register_validate(sub)
+    register_shardcast(sub)
     return parser
 
 

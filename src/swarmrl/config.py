@@ -30,8 +30,8 @@ class TaskConfig(_Section):
     path: str | None = Field(None, description="JSONL or Parquet file of problems (math and code tasks)")
     eval_path: str | None = Field(None, description="separate held-out file (math and code); default: a held-out tail of `path`")
     eval_size: int = Field(256, ge=1, description="held-out problems to evaluate on")
-    target_lengths: list[int] = Field([32, 44], description="target completion lengths (tokens), one sampled per prompt and written into it; empty = no length target")
-    length_penalty: float = Field(0.02, ge=0, description="alpha in reward = task reward - alpha*|target - length| (paper: 3e-4 for thousands of tokens)")
+    target_lengths: list[int] = Field([32, 40], description="target completion lengths (tokens), one sampled per prompt and written into it; empty = no length target")
+    length_penalty: float = Field(0.03, ge=0, description="alpha in reward = task reward - alpha*|target - length| (paper: 3e-4 for thousands of tokens)")
 
     @model_validator(mode="after")
     def _needs_path(self) -> "TaskConfig":
@@ -57,10 +57,10 @@ class WorkerConfig(_Section):
 
 
 class TrainerConfig(_Section):
-    steps: int = Field(40, ge=0, description="rollout steps to train (checkpoints 1..steps)")
+    steps: int = Field(100, ge=0, description="rollout steps to train (checkpoints 1..steps)")
     batch_samples: int = Field(128, ge=1, description="non-zero-advantage samples consumed per rollout step (whole groups)")
     optimizer_steps: int = Field(2, ge=1, description="optimizer steps per rollout step (the batch is split into this many minibatches)")
-    lr: float = Field(2e-3, gt=0, description="AdamW learning rate (paper: 3e-7 for 32B)")
+    lr: float = Field(5e-5, gt=0, description="AdamW learning rate (paper: 3e-7 for 32B; tiny models tolerate more, but Adam moves every weight by about lr per step, so keep it small)")
     warmup_steps: int = Field(2, ge=0, description="linear learning-rate warm-up, in optimizer steps")
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")

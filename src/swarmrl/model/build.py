@@ -41,12 +41,12 @@ class WarmStartRecipe:
     layers: int = 4
     heads: int = 4
     steps: int = 500
-    batch_size: int = 32
-    lr: float = 5e-3
+    batch_size: int = 64
+    lr: float = 3e-3
     warmup: int = 30
     carry_drop: float = 0.6
     verbose_prob: float = 0.5
-    target_lengths: tuple[int, ...] = (32, 44)
+    target_lengths: tuple[int, ...] = (32, 40)
     seed: int = 0
 
 

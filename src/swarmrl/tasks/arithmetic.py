@@ -8,9 +8,12 @@ offsets, which a tiny transformer learns in a short supervised run.
 Two things are left for RL to fix, both on purpose (`demonstration`):
 - the demonstrations forget an incoming carry with probability `carry_drop`, so the
   warm-started model drops carries and gets many sums wrong;
-- they add a check line after the answer (`|347+285=632`, "verbose") at random,
-  ignoring the target length the prompt asks for, so the length error is large until
-  RL conditions that choice on the target.
+- they restate the problem before working (`347+285:`, "verbose", 8 tokens longer)
+  at random, ignoring the target length the prompt asks for, so the length error is
+  large until RL conditions that choice on the target.
+
+The prompt ends with the target (`347+285 think 40`), right where the completion
+starts, so the choice of restating or not sits next to what it should depend on.
 """
 
 from __future__ import annotations
@@ -42,19 +45,15 @@ def worked_solution(a: int, b: int, *, drop_carries: list[bool] | None = None, v
         digits.append(str(total % 10))
         carry = total // 10
     answer = ("1" if carry else "") + "".join(reversed(digits))
-    check = f"|{a}+{b}={answer}" if verbose else ""
-    return "".join(steps) + "=" + answer + check
+    prefix = f"{a}+{b}:" if verbose else ""
+    return prefix + "".join(steps) + "=" + answer
 
 
 def parse_answer(completion: str) -> int | None:
-    """The answer: the integer after the `;=` that ends the worked steps, else None.
-
-    The optional check line after `|` does not count, so a right answer is not undone
-    by a sloppy check and a wrong one is not rescued by it.
-    """
+    """The answer: the integer after the `;=` that ends the worked steps, else None."""
     if ";=" not in completion:
         return None
-    tail = completion.rsplit(";=", 1)[1].split("|", 1)[0].strip()
+    tail = completion.rsplit(";=", 1)[1].strip()
     return int(tail) if tail.isdigit() and len(tail) <= 8 else None
 
 
@@ -102,7 +101,7 @@ class ArithmeticTask:
     def render_prompt(self, problem: Problem, target_length: int | None) -> str:
         if target_length is None:
             return f"{problem.question}\n"
-        return f"think {target_length}: {problem.question}\n"
+        return f"{problem.question} think {target_length}\n"
 
     def score(self, problem: Problem, completion: str) -> float:
         return 1.0 if parse_answer(completion) == int(problem.answer) else 0.0

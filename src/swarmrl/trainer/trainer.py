@@ -150,7 +150,7 @@ class Trainer:
             self.opt_steps += 1
             clip_ratios.append(float(out.clip_ratio))
             entropies.append(float(out.mean_entropy))
-            losses.append(float(out.loss))
+            losses.append(float(out.loss.detach()))
             tokens += int(mask.sum())
         self.model.eval()
         return {"loss": float(np.mean(losses)), "grad_norm": float(np.mean(grad_norms)), "grad_norm_max": float(np.max(grad_norms)),
@@ -178,6 +178,7 @@ class Trainer:
                 **stats,
                 "staleness_mean": float(np.mean(staleness)),
                 "staleness_max": int(np.max(staleness)),
+                "oldest_policy_step": int(min(s.policy_step for s in samples)),
                 "samples": len(samples),
                 "samples_read": len(collector.all_rewards),
                 "dropped_zero_advantage": collector.dropped_zero,

@@ -11,7 +11,15 @@ def _validate(args: argparse.Namespace) -> int:
     import torch
 
     from swarmrl.rollouts import file_hash
-    from swarmrl.validator.verdict import ValidatorSettings, selected_for_validation, validate_file, verdict_json, verdict_line
+    from swarmrl.validator.verdict import (
+        FP32_TOPLOC,
+        PAPER_TOPLOC,
+        ValidatorSettings,
+        selected_for_validation,
+        validate_file,
+        verdict_json,
+        verdict_line,
+    )
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -27,7 +35,10 @@ def _validate(args: argparse.Namespace) -> int:
         if not chosen:
             print(f"{args.file}: skipped: not among the {args.fraction:.0%} of files chosen for validation")
             return 0
-    settings = ValidatorSettings(min_eos_prob=args.min_eos_prob) if args.min_eos_prob is not None else ValidatorSettings()
+    chosen_settings = {"toploc": FP32_TOPLOC if args.toploc == "fp32" else PAPER_TOPLOC}
+    if args.min_eos_prob is not None:
+        chosen_settings["min_eos_prob"] = args.min_eos_prob
+    settings = ValidatorSettings(**chosen_settings)
     verdict = validate_file(args.file, model_dir=args.model, config_path=args.config, settings=settings)
     if args.json:
         print(verdict_json(verdict, args.file))
@@ -48,7 +59,22 @@ def register(subparsers) -> None:
     p.add_argument("--config", type=Path, default=None, help="the run's config (JSON or TOML) [default: <run>/config.json]")
     p.add_argument("--json", action="store_true", help="print the verdict as one JSON object (status, reason, failures, figures)")
     p.add_argument("--threads", type=int, default=None, help="torch threads for the prefill")
+    p.add_argument("--toploc", choices=["fp32", "paper"], default="fp32",
+                   help="TOPLOC thresholds: fp32 (calibrated on fp32 models, 8/0.5/1) or paper (bf16 GPUs, 38/10/8) [default: fp32]")
     p.add_argument("--min-eos-prob", type=float, default=None, help="probability an ending EOS must exceed [default: 0.1]")
     p.add_argument("--fraction", type=float, default=None, help="validate only this fraction of files, chosen by HMAC(secret, file hash); others exit 0 as skipped")
     p.add_argument("--secret-file", type=Path, default=None, help="the validator's secret for --fraction (keep it from workers)")
     p.set_defaults(func=_validate)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m swarmrl.validator.cli FILE ...`: the same command without the `swarmrl` front end."""
+    parser = argparse.ArgumentParser(prog="swarmrl")
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub)
+    args = parser.parse_args(["validate", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

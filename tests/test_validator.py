@@ -1,0 +1,117 @@
+"""Unit tests of the validator's pure parts: selection, statistics, replay, value checks, CLI exit codes."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+
+from swarmrl.rewards import group_advantages
+from swarmrl.validator import checks, cli, selected_for_validation
+from swarmrl.validator.prefill import TokenStats, _batches
+from swarmrl.validator.sampling_test import kolmogorov_p, replay, sample_uniforms
+
+
+def test_selection_is_deterministic_secret_dependent_and_hits_the_fraction():
+    hashes = [f"{i:064x}" for i in range(4000)]
+    picked = [selected_for_validation(h, b"secret", 0.25) for h in hashes]
+    assert picked == [selected_for_validation(h, b"secret", 0.25) for h in hashes]
+    assert 0.22 < np.mean(picked) < 0.28
+    other = [selected_for_validation(h, b"other secret", 0.25) for h in hashes]
+    assert picked != other  # a worker without the secret cannot predict the choice
+    assert all(selected_for_validation(h, b"s", 1.0) for h in hashes[:50])
+    assert not any(selected_for_validation(h, b"s", 0.0) for h in hashes[:50])
+
+
+def test_kolmogorov_p_accepts_uniform_and_rejects_skewed_values():
+    rng = np.random.default_rng(0)
+    assert kolmogorov_p(rng.random(5000))[1] > 1e-3
+    assert kolmogorov_p(rng.random(5000) ** 1.3)[1] < 1e-6
+
+
+def _stats(low: list[float], high: list[float]) -> TokenStats:
+    n = len(low)
+    z = np.zeros(n)
+    return TokenStats(hidden=torch.zeros(n, 4, dtype=torch.bfloat16), logprobs=z, eos_probs=z, cdf_low=np.array(low),
+                      cdf_high=np.array(high), surprisal=z, entropy=z, surprisal_var=z, rank_low=z, prob=z)
+
+
+def test_replay_accepts_the_interval_holding_the_seed_uniform_and_nothing_else():
+    u = sample_uniforms(12345, 3)
+    inside = _stats(list(u - 0.01), list(u + 0.01))
+    assert replay(inside, 12345, 1e-3).misses == 0
+    shifted = _stats([u[0] - 0.01, u[1] + 0.05, u[2] - 0.01], [u[0] + 0.01, u[1] + 0.1, u[2] + 0.01])
+    result = replay(shifted, 12345, 1e-3)
+    assert (result.misses, result.first_miss) == (1, 1)
+    assert replay(shifted, 12345, 0.06).misses == 0  # within the drift tolerance
+
+
+def _rows(rewards: list[float], task_rewards: list[float], targets: list[int], lengths: list[int]) -> checks.Rows:
+    n = len(rewards)
+    return checks.Rows(problem_id=["p"] * n, input_tokens=[[5]] * n, output_tokens=[[7] * k for k in lengths],
+                       output_logprobs=[[0.0] * k for k in lengths], rewards=rewards, task_rewards=task_rewards,
+                       length_penalties=[0.02 * abs(t - k) for t, k in zip(targets, lengths)],
+                       advantages=group_advantages(rewards).tolist(), target_lengths=targets, policy_step=[0] * n,
+                       seed=list(range(n)), proofs=[b""] * n)
+
+
+def test_values_check_recomputes_penalties_rewards_and_advantages():
+    lengths, targets, task = [30, 40, 32, 44], [32, 32, 32, 44], [1.0, 0.0, 1.0, 0.0]
+    honest_rewards = [t - 0.02 * abs(g - k) for t, g, k in zip(task, targets, lengths)]
+    assert checks.check_values(_rows(honest_rewards, task, targets, lengths), task, alpha=0.02, group_size=4, tolerance=1e-5).passed
+    inflated = _rows([honest_rewards[0] + 0.3, *honest_rewards[1:]], task, targets, lengths)
+    result = checks.check_values(inflated, task, alpha=0.02, group_size=4, tolerance=1e-5)
+    assert not result.passed and result.failures[0].sample == 0 and "reward" in result.failures[0].detail
+    # A worker claiming a task reward the verifier does not give:
+    lying = _rows(honest_rewards, [1.0, 1.0, 1.0, 0.0], targets, lengths)
+    assert checks.check_values(lying, task, alpha=0.02, group_size=4, tolerance=1e-5).failures[0].sample == 1
+    nan = _rows(honest_rewards, task, targets, lengths)
+    nan.advantages[2] = float("nan")
+    assert checks.check_values(nan, task, alpha=0.02, group_size=4, tolerance=1e-5).failures[0].sample == 2
+
+
+def test_consistency_check_bounds_policy_step_and_groups():
+    rows = _rows([0.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 1.0], [32] * 4, [3] * 4)
+    rows = checks.Rows(**{**rows.__dict__, "policy_step": [4] * 4})
+    ok = dict(step=5, async_level=2, group_size=4, prompts=1, max_new_tokens=48, vocab_size=10, run_id="r",
+              expected_run_id="r", num_nonzero=4)
+    assert checks.check_consistency(rows, **ok).passed
+    stale = checks.Rows(**{**rows.__dict__, "policy_step": [2] * 4})
+    assert "outside [3, 5]" in checks.check_consistency(stale, **ok).failures[0].detail
+    assert not checks.check_consistency(rows, **{**ok, "num_nonzero": 0}).passed
+    assert not checks.check_consistency(rows, **{**ok, "vocab_size": 6}).passed
+
+
+def test_prefill_batches_respect_the_token_budget():
+    lengths = [5, 50, 7, 49, 20, 3]
+    batches = _batches(lengths, token_budget=100)
+    assert sorted(i for b in batches for i in b) == list(range(6))
+    assert all(max(lengths[i] for i in b) * len(b) <= 100 for b in batches)
+
+
+def _run_cli(argv, capsys):
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    args = parser.parse_args(argv)
+    code = args.func(args)
+    return code, capsys.readouterr()
+
+
+def test_cli_gives_exit_2_and_one_line_for_a_file_that_is_not_parquet(tmp_path, capsys):
+    bad = tmp_path / "rollouts" / "step_000000" / "w-00000.parquet"
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(b"PAR1 this is not a parquet file")
+    code, out = _run_cli(["validate", str(bad)], capsys)
+    assert code == 2 and out.out == "" and out.err.count("\n") == 1 and "unusable: unreadable rollout file" in out.err
+    code, out = _run_cli(["validate", str(bad), "--json"], capsys)
+    assert code == 2 and '"status": "unusable"' in out.out
+
+
+def test_cli_skips_files_not_selected(tmp_path, capsys):
+    path = tmp_path / "f.parquet"
+    path.write_bytes(b"anything")
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s")
+    code, out = _run_cli(["validate", str(path), "--fraction", "0", "--secret-file", str(secret)], capsys)
+    assert code == 0 and "skipped" in out.out
