@@ -1,9 +1,10 @@
 """Checkpoint directories: one Hugging Face model directory per step, written atomically.
 
-Layout: `<run>/checkpoints/step_<n:06d>/` holds `config.json`, `model.safetensors`,
-tokenizer files and, for the trainer's own resume, `trainer_state.pt`. A checkpoint is
-written under a hidden temporary name and renamed when complete, so a reader never sees
-half of one.
+Layout: `<run>/checkpoints/step_<n:06d>/` holds `config.json`, `model.safetensors` and
+tokenizer files: exactly what is broadcast to workers. The trainer's own resume state
+(optimizer, RNG, the step's metrics) is `<run>/checkpoints/trainer_state/step_<n:06d>.pt`,
+written before the model folder appears. A checkpoint is written under a hidden
+temporary name and renamed when complete, so a reader never sees half of one.
 """
 
 from __future__ import annotations
@@ -60,15 +61,24 @@ def load_policy(path: Path, threads: int | None = None):
     return model, tok
 
 
+def trainer_state_path(root: Path, step: int) -> Path:
+    return Path(root) / "trainer_state" / f"step_{step:06d}.pt"
+
+
 def save_checkpoint(root: Path, step: int, model, tokenizer, trainer_state: dict | None = None) -> Path:
     """Write checkpoint `step` atomically and return its directory."""
     final = checkpoint_dir(root, step)
+    if trainer_state is not None:
+        # The state lands first: a model folder that exists always has its state.
+        state_path = trainer_state_path(root, step)
+        state_path.parent.mkdir(parents=True, exist_ok=True)
+        state_tmp = state_path.with_name(f".{state_path.name}.tmp")
+        torch.save(trainer_state, state_tmp)
+        os.replace(state_tmp, state_path)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    if trainer_state is not None:
-        torch.save(trainer_state, tmp / "trainer_state.pt")
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -87,5 +97,6 @@ def prune_checkpoints(root: Path, keep: int, protect: set[int] = frozenset()) ->
         trash = doomed.with_name(f".{doomed.name}.deleting")
         os.replace(doomed, trash)
         shutil.rmtree(trash, ignore_errors=True)
+        trainer_state_path(root, step).unlink(missing_ok=True)
         removed.append(step)
     return removed

@@ -56,6 +56,15 @@ class WorkerConfig(_Section):
     poll_seconds: float = Field(0.2, gt=0, description="how often an idle worker looks for a new checkpoint or step")
 
 
+class ShardcastConfig(_Section):
+    enabled: bool = Field(True, description="broadcast checkpoints through a SHARDCAST origin and relays (workers fetch from the relays); off = workers read the checkpoint folder")
+    relays: int = Field(1, ge=1, description="relays `swarmrl run` starts (chained: relay i mirrors relay i-1, the first mirrors the origin)")
+    shard_size: int = Field(2_000_000, ge=1024, description="bytes per shard (reference default 50,000,000)")
+    keep: int = Field(4, ge=1, description="versions the origin keeps listed")
+    poll_seconds: float = Field(0.2, gt=0, description="how often a relay checks its upstream for new versions")
+    servers: list[str] = Field([], description="server URLs workers fetch checkpoints from (`swarmrl run` fills this in)")
+
+
 class TrainerConfig(_Section):
     steps: int = Field(100, ge=0, description="rollout steps to train (checkpoints 1..steps)")
     batch_samples: int = Field(128, ge=1, description="non-zero-advantage samples consumed per rollout step (whole groups)")
@@ -85,6 +94,7 @@ class RunConfig(_Section):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="sampling")
     worker: WorkerConfig = Field(default_factory=WorkerConfig, description="inference workers")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="GRPO trainer")
+    shardcast: ShardcastConfig = Field(default_factory=ShardcastConfig, description="checkpoint broadcast")
 
     @property
     def run_dir(self) -> Path:

@@ -1,10 +1,11 @@
 """`swarmrl run`: a whole swarm on one machine, from warm start to held-out evaluation.
 
-Starts the trainer and N inference workers as separate processes (they talk only
-through the run folder: checkpoints and rollout files), shows live progress from the
-trainer's metrics, stops everything if any process fails (printing its log tail), and
-finally evaluates the starting and the final checkpoint on the held-out split and
-writes `<output_dir>/<run_name>/summary.json`.
+Starts the trainer and N inference workers as separate processes. Checkpoints travel
+trainer -> SHARDCAST origin (served from this process) -> a chain of relay processes ->
+workers; rollout files travel back through the run folder. Shows live progress from
+the trainer's metrics, stops everything if any process fails (printing its log tail),
+and finally evaluates the starting and the final checkpoint on the held-out split and
+writes `<output_dir>/<run_name>/summary.json`, including the bytes each server served.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
+import urllib.request
 import sys
 import time
 from pathlib import Path
@@ -77,6 +80,20 @@ def _stop(procs: dict[str, subprocess.Popen], grace: float = 5.0) -> None:
             proc.wait()
 
 
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _server_bytes(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(f"{url}/stats.json", timeout=5) as response:
+            return json.loads(response.read())["bytes_served"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
     console = console or Console(stderr=True)
     started = time.time()
@@ -94,8 +111,29 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
         console.print(f"before RL: accuracy {before['accuracy']:.3f}, length error {before['length_error']}")
 
     logs = run_dir / "logs"
-    procs = {"trainer": _spawn(["trainer", "--config", str(config_path), "--start-model", str(start_model)],
-                               logs / "trainer.log", cfg.trainer.threads)}
+    procs: dict[str, subprocess.Popen] = {}
+    origin_server = None
+    server_urls: dict[str, str] = {}
+    if cfg.shardcast.enabled:
+        from swarmrl.shardcast.server import start_server
+
+        origin_root = run_dir / "shardcast" / "origin"
+        origin_root.mkdir(parents=True, exist_ok=True)
+        origin_server = start_server(origin_root)
+        server_urls["origin"] = origin_server.url
+        upstream = origin_server.url
+        for i in range(cfg.shardcast.relays):
+            port = _free_port()
+            procs[f"relay-{i}"] = _spawn(["relay", "--upstream", upstream, "--root", str(run_dir / "shardcast" / f"relay-{i}"),
+                                          "--port", str(port), "--poll-s", str(cfg.shardcast.poll_seconds)],
+                                         logs / f"relay-{i}.log", 1)
+            upstream = server_urls[f"relay-{i}"] = f"http://127.0.0.1:{port}"
+        cfg = cfg.model_copy(update={"shardcast": cfg.shardcast.model_copy(update={"servers": [upstream]})})
+        config_path.write_text(cfg.model_dump_json(indent=2))
+        console.print(f"checkpoints: origin {origin_server.url} -> " + " -> ".join(
+            f"{name} {url}" for name, url in server_urls.items() if name != "origin") + " -> workers")
+    procs["trainer"] = _spawn(["trainer", "--config", str(config_path), "--start-model", str(start_model)],
+                              logs / "trainer.log", cfg.trainer.threads)
     for i in range(cfg.worker.count):
         procs[f"worker-{i}"] = _spawn(["worker", "--config", str(config_path), "--address", f"worker-{i}"],
                                       logs / f"worker-{i}.log", cfg.worker.threads)
@@ -126,15 +164,18 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
                     break
                 time.sleep(0.5)
         for name, proc in procs.items():
-            if name != "trainer":
+            if name.startswith("worker"):
                 try:
                     proc.wait(timeout=60)
                 except subprocess.TimeoutExpired:
                     pass
                 if proc.returncode not in (None, 0):
                     raise SwarmError(f"{name} exited with code {proc.returncode}; last lines:\n" + _tail(logs / f"{name}.log"))
+        served = {name: _server_bytes(url) for name, url in server_urls.items()}
     finally:
         _stop(procs)
+        if origin_server is not None:
+            origin_server.stop()
 
     final_step = latest_checkpoint(run_dir / "checkpoints")
     after = None
@@ -161,6 +202,7 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
         "samples_generated": sum(r["samples_read"] for r in records),
         "staleness_max": max((r["staleness_max"] for r in records), default=None),
         "trainer_idle_fraction": wait / busy if busy else None,
+        "bytes_served": served,
         "wall_seconds": round(time.time() - started, 1),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

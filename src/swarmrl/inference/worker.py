@@ -1,8 +1,10 @@
 """The inference worker process: fetch a policy, pick a step, generate, write a rollout file.
 
 Loop:
-1. Load the newest checkpoint (a worker may lag: it keeps generating with what it has
-   while the bound allows).
+1. Load the newest checkpoint: downloaded through the SHARDCAST relays listed in
+   `shardcast.servers` (verified shard by shard), or read from the run's checkpoint
+   folder when none are listed. A worker may lag: it keeps generating with what it
+   has while the bound allows.
 2. Pick the step to generate for: the lowest step s, from the trainer's current step
    up to (held policy step + async_level), whose folder still lacks enough
    non-zero-advantage samples. None fits: wait for a newer checkpoint.
@@ -11,13 +13,16 @@ Loop:
 4. Write `rollouts/step_<s>/<address>-<counter>.parquet` atomically.
 
 The trainer's current step is the newest checkpoint's step: the trainer is always
-building checkpoint n+1 from step-n rollouts while checkpoint n is the newest.
+building checkpoint n+1 from step-n rollouts while checkpoint n is the newest. On one
+machine the worker reads that number from the checkpoint folder (the orchestrator's
+job in a real swarm); the weights themselves come through the relays.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -73,6 +78,38 @@ def choose_step(trainer_step: int, policy_step: int, async_level: int, total_ste
     return None
 
 
+class PolicySource:
+    """Where a worker gets policy weights: SHARDCAST servers, or the checkpoint folder."""
+
+    def __init__(self, cfg: RunConfig, address: str) -> None:
+        self.servers = list(cfg.shardcast.servers)
+        self.ckpt_root = cfg.run_dir / "checkpoints"
+        self.cache = cfg.run_dir / "worker_cache" / address
+        self.bytes_by_server: dict[str, int] = {}
+
+    def newest(self) -> int | None:
+        if not self.servers:
+            return latest_checkpoint(self.ckpt_root)
+        from swarmrl.shardcast.client import latest_version
+
+        return latest_version(self.servers)
+
+    def load(self, step: int):
+        if not self.servers:
+            return load_policy(checkpoint_dir(self.ckpt_root, step))
+        from swarmrl.shardcast.client import fetch
+
+        result = fetch(self.servers, step, self.cache)
+        for server, n in result.bytes_by_server.items():
+            self.bytes_by_server[server] = self.bytes_by_server.get(server, 0) + n
+        policy = load_policy(result.path)
+        # Older downloads are no longer needed once the newer policy is loaded.
+        for old in self.cache.glob("v*"):
+            if old != result.path and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+        return policy
+
+
 def run_worker(cfg: RunConfig, address: str, stop_after_files: int | None = None) -> int:
     """Run until the trainer is done; returns the number of rollout files written."""
     torch.set_num_threads(cfg.worker.threads)
@@ -80,6 +117,7 @@ def run_worker(cfg: RunConfig, address: str, stop_after_files: int | None = None
     ckpt_root = run_dir / "checkpoints"
     task = build_task(cfg.task)
     counter = UsableCounter(run_dir)
+    source = PolicySource(cfg, address)
     model = tok = None
     policy_step = -1
     written = 0
@@ -89,18 +127,23 @@ def run_worker(cfg: RunConfig, address: str, stop_after_files: int | None = None
         if (run_dir / "trainer_done.json").exists():
             return written
         latest = latest_checkpoint(ckpt_root)
-        if latest is None:
-            time.sleep(cfg.worker.poll_seconds)
-            continue
-        if latest > policy_step:
+        try:
+            available = source.newest()
+        except (OSError, RuntimeError, ValueError) as exc:  # a relay not up yet or unreachable: keep polling
+            log.warning("cannot list policies (%s); retrying", exc)
+            available = None
+        if available is not None and available > policy_step:
             try:
-                model, tok = load_policy(checkpoint_dir(ckpt_root, latest))
-                policy_step = latest
-                log.info("loaded policy step %d", latest)
-            except (OSError, ValueError) as exc:  # pruned or replaced while loading: try again
-                log.warning("could not load checkpoint %d (%s); retrying", latest, exc)
+                model, tok = source.load(available)
+                policy_step = available
+                log.info("loaded policy step %d", available)
+            except (OSError, RuntimeError, ValueError) as exc:  # pruned, replaced or unreachable: try again
+                log.warning("could not load policy %d (%s); retrying", available, exc)
                 time.sleep(cfg.worker.poll_seconds)
                 continue
+        if latest is None or model is None:
+            time.sleep(cfg.worker.poll_seconds)
+            continue
         step = choose_step(latest, policy_step, cfg.async_level, cfg.trainer.steps, counter.count, cfg.trainer.batch_samples)
         if step is None:
             time.sleep(cfg.worker.poll_seconds)
@@ -119,6 +162,7 @@ def run_worker(cfg: RunConfig, address: str, stop_after_files: int | None = None
         written += 1
         with open(stats_path, "a") as fh:
             fh.write(json.dumps({"time": time.time(), "file": str(path), "step": step, "policy_step": policy_step,
+                                 "bytes_by_server": source.bytes_by_server,
                                  "gen_seconds": round(batch.gen_seconds, 4), "gen_tokens": batch.gen_tokens,
                                  "proof_seconds": round(batch.proof_seconds, 4),
                                  "nonzero": batch.num_nonzero}) + "\n")

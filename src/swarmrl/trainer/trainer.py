@@ -29,7 +29,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from swarmrl.checkpoints import checkpoint_dir, latest_checkpoint, load_policy, prune_checkpoints, save_checkpoint
+from swarmrl.checkpoints import (
+    checkpoint_dir,
+    latest_checkpoint,
+    load_policy,
+    prune_checkpoints,
+    save_checkpoint,
+    trainer_state_path,
+)
 from swarmrl.config import RunConfig
 from swarmrl.inference.worker import step_folder
 from swarmrl.trainer.batches import BatchCollector, Sample
@@ -81,7 +88,7 @@ class Trainer:
         tc = cfg.trainer
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, betas=tc.betas, weight_decay=tc.weight_decay)
         self.opt_steps = 0
-        state_path = checkpoint_dir(self.ckpt_root, latest) / "trainer_state.pt"
+        state_path = trainer_state_path(self.ckpt_root, latest)
         last_record = None
         if state_path.exists():
             state = torch.load(state_path, weights_only=False)
@@ -94,6 +101,18 @@ class Trainer:
             random.seed(tc.seed)
             torch.manual_seed(tc.seed)
         self._repair_metrics(last_record)
+        self.origin = None
+        if cfg.shardcast.enabled:
+            from swarmrl.shardcast.origin import Origin
+
+            self.origin = Origin(self.run_dir / "shardcast" / "origin", keep=max(cfg.shardcast.keep, cfg.async_level + 1),
+                                 shard_size=cfg.shardcast.shard_size)
+            self._publish(latest)
+
+    def _publish(self, step: int) -> None:
+        """Announce checkpoint `step` through the origin (idempotent for a step already listed)."""
+        if self.origin is not None and (self.origin.latest_version() or -1) < step:
+            self.origin.publish(step, checkpoint_dir(self.ckpt_root, step))
 
     def _repair_metrics(self, last_record: dict | None) -> None:
         kept = [m for m in read_metrics(self.metrics_path) if m["step"] < self.step]
@@ -192,6 +211,7 @@ class Trainer:
             state = {"optimizer": self.opt.state_dict(), "optimizer_steps": self.opt_steps, "step": n + 1,
                      "python_rng": random.getstate(), "torch_rng": torch.get_rng_state(), "metrics": record}
             save_checkpoint(self.ckpt_root, n + 1, self.model, self.tok, state)
+            self._publish(n + 1)
             with open(self.metrics_path, "a") as fh:
                 fh.write(json.dumps(record) + "\n")
             self.step = n + 1

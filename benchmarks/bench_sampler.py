@@ -1,0 +1,79 @@
+"""Benchmark (issue 2a): our sampling loop against `transformers` `generate`.
+
+Same model, same prompts, same batch, same temperature and length limit, measured side
+by side in one run (interleaved repeats, median). Throughput counts the completion
+tokens each method actually produced (up to and including EOS), so `generate` is not
+charged for the padding it computes after a sequence has finished, nor credited for it.
+
+    python benchmarks/bench_sampler.py [--model DIR] [--batch 64] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from swarmrl.checkpoints import load_policy
+from swarmrl.inference.sampler import SamplingParams, sample
+from swarmrl.model.build import ensure_default_model
+from swarmrl.tasks.arithmetic import ArithmeticTask
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded model)")
+    parser.add_argument("--batch", type=int, default=64, help="sequences per batch (>= 32)")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--temperature", type=float, default=0.6)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model_dir = args.model or ensure_default_model()
+    model, tok = load_policy(model_dir)
+    task = ArithmeticTask()
+    prompts = [tok(task.render_prompt(task.train_problem(i * 7919), 32 + 8 * (i % 2)))["input_ids"] for i in range(args.batch)]
+    params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, eos_token_id=tok.eos_token_id)
+
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), tok.pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+
+    def ours(seed: int) -> int:
+        gens = sample(model, prompts, [seed * 1000 + i for i in range(len(prompts))], params, pad_id=tok.pad_token_id)
+        return sum(len(g.tokens) for g in gens)
+
+    def hf(seed: int) -> int:
+        torch.manual_seed(seed)
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=args.temperature,
+                                 top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,
+                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        produced = 0
+        for row in out[:, width:].tolist():
+            produced += row.index(tok.eos_token_id) + 1 if tok.eos_token_id in row else len(row)
+        return produced
+
+    ours(0), hf(0)  # warm-up
+    rates = {"ours": [], "generate": []}
+    for r in range(args.repeats):
+        for name, fn in (("ours", ours), ("generate", hf)):
+            start = time.perf_counter()
+            tokens = fn(r + 1)
+            rates[name].append(tokens / (time.perf_counter() - start))
+    ours_rate, hf_rate = statistics.median(rates["ours"]), statistics.median(rates["generate"])
+    print(f"model {model_dir}, batch {args.batch}, max_new_tokens {args.max_new_tokens}, threads {args.threads}")
+    print(f"ours:     {ours_rate:9.0f} tokens/s (median of {args.repeats})")
+    print(f"generate: {hf_rate:9.0f} tokens/s (median of {args.repeats})")
+    print(f"ratio ours/generate: {ours_rate / hf_rate:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
