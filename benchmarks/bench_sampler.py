@@ -1,7 +1,9 @@
 """Benchmark (issue 2a): our sampling loop against `transformers` `generate`.
 
 Same model, same prompts, same batch, same temperature and length limit, measured side
-by side in one run (interleaved repeats, median). Throughput counts the completion
+by side in one run (interleaved repeats, median). The batch has the shape a worker
+samples: `--batch / --group` distinct prompts, each sampled `--group` times (GRPO's G);
+`--group 1` gives all-distinct prompts. Throughput counts the completion
 tokens each method actually produced (up to and including EOS), so `generate` is not
 charged for the padding it computes after a sequence has finished, nor credited for it.
 
@@ -27,6 +29,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded model)")
     parser.add_argument("--batch", type=int, default=64, help="sequences per batch (>= 32)")
+    parser.add_argument("--group", type=int, default=8, help="samples per prompt (GRPO's G)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--temperature", type=float, default=0.6)
     parser.add_argument("--repeats", type=int, default=5)
@@ -36,7 +39,9 @@ def main() -> None:
     model_dir = args.model or ensure_default_model()
     model, tok = load_policy(model_dir)
     task = ArithmeticTask()
-    prompts = [tok(task.render_prompt(task.train_problem(i * 7919), 32 + 8 * (i % 2)))["input_ids"] for i in range(args.batch)]
+    distinct = [tok(task.render_prompt(task.train_problem(i * 7919), 32 + 8 * (i % 2)))["input_ids"]
+                for i in range(args.batch // args.group)]
+    prompts = [p for p in distinct for _ in range(args.group)]
     params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, eos_token_id=tok.eos_token_id)
 
     width = max(map(len, prompts))
@@ -69,7 +74,8 @@ def main() -> None:
             tokens = fn(r + 1)
             rates[name].append(tokens / (time.perf_counter() - start))
     ours_rate, hf_rate = statistics.median(rates["ours"]), statistics.median(rates["generate"])
-    print(f"model {model_dir}, batch {args.batch}, max_new_tokens {args.max_new_tokens}, threads {args.threads}")
+    print(f"model {model_dir}, batch {len(prompts)} ({len(distinct)} prompts x {args.group}), "
+          f"max_new_tokens {args.max_new_tokens}, threads {args.threads}")
     print(f"ours:     {ours_rate:9.0f} tokens/s (median of {args.repeats})")
     print(f"generate: {hf_rate:9.0f} tokens/s (median of {args.repeats})")
     print(f"ratio ours/generate: {ours_rate / hf_rate:.2f}x")

@@ -87,6 +87,28 @@ def _left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torc
     return ids, mask
 
 
+@dataclass(frozen=True)
+class _LayerWeights:
+    """One decoder layer's tensors, pulled out of the modules once per sampling call
+    (module attribute lookups and `__call__` cost more than the math at this size)."""
+
+    ln1: torch.Tensor
+    ln1_eps: float
+    q: tuple[torch.Tensor, torch.Tensor | None]
+    k: tuple[torch.Tensor, torch.Tensor | None]
+    v: tuple[torch.Tensor, torch.Tensor | None]
+    o: tuple[torch.Tensor, torch.Tensor | None]
+    ln2: torch.Tensor
+    ln2_eps: float
+    gate: tuple[torch.Tensor, torch.Tensor | None]
+    up: tuple[torch.Tensor, torch.Tensor | None]
+    down: tuple[torch.Tensor, torch.Tensor | None]
+
+
+def _wb(linear: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return linear.weight, linear.bias
+
+
 class _FastLlama:
     """Static-cache decoder over a Llama-family model's own weights."""
 
@@ -94,18 +116,29 @@ class _FastLlama:
         cfg = model.config
         self.model = model
         self.base = model.model
-        self.layers = list(self.base.layers)
+        self.layers = [
+            _LayerWeights(
+                ln1=layer.input_layernorm.weight, ln1_eps=layer.input_layernorm.variance_epsilon,
+                q=_wb(layer.self_attn.q_proj), k=_wb(layer.self_attn.k_proj), v=_wb(layer.self_attn.v_proj),
+                o=_wb(layer.self_attn.o_proj),
+                ln2=layer.post_attention_layernorm.weight, ln2_eps=layer.post_attention_layernorm.variance_epsilon,
+                gate=_wb(layer.mlp.gate_proj), up=_wb(layer.mlp.up_proj), down=_wb(layer.mlp.down_proj),
+            )
+            for layer in self.base.layers
+        ]
+        self.embed = self.base.embed_tokens.weight
+        self.final_norm = (self.base.norm.weight, self.base.norm.variance_epsilon)
         self.n_heads = cfg.num_attention_heads
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.scale = self.head_dim**-0.5
 
     @staticmethod
-    def _rms(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
+    def _rms(weight: torch.Tensor, eps: float, x: torch.Tensor) -> torch.Tensor:
+        # Same operations, in the same order, as Hugging Face's Llama RMSNorm.
         xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-        return norm.weight * xf.to(dtype)
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * xf.to(x.dtype)
 
     @staticmethod
     def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -116,84 +149,117 @@ class _FastLlama:
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, attn_mask: torch.Tensor,
                 cache: list[tuple[torch.Tensor, torch.Tensor]], start: int) -> torch.Tensor:
         """Run `ids` [B, T] at cache slots start..start+T; return final-norm states [B, T, H]."""
-        x = self.base.embed_tokens(ids)
+        x = F.embedding(ids, self.embed)
         cos, sin = self.base.rotary_emb(x, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         b, t, _ = x.shape
         end = start + t
-        for layer, (k_cache, v_cache) in zip(self.layers, cache):
-            attn = layer.self_attn
-            h = self._rms(layer.input_layernorm, x)
-            q = attn.q_proj(h).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-            k = attn.k_proj(h).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-            v = attn.v_proj(h).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
-            k_cache[:, :, start:end] = k
+        gqa = self.n_kv != self.n_heads
+        for w, (k_cache, v_cache) in zip(self.layers, cache):
+            h = self._rms(w.ln1, w.ln1_eps, x)
+            q = F.linear(h, *w.q).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+            k = F.linear(h, *w.k).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+            v = F.linear(h, *w.v).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+            k_cache[:, :, start:end] = self._rope(k, cos, sin)
             v_cache[:, :, start:end] = v
             out = F.scaled_dot_product_attention(
-                q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=attn_mask,
-                scale=self.scale, enable_gqa=self.n_kv != self.n_heads,
+                self._rope(q, cos, sin), k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=attn_mask,
+                scale=self.scale, enable_gqa=gqa,
             )
-            x = x + attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
-            mlp = layer.mlp
-            h = self._rms(layer.post_attention_layernorm, x)
-            x = x + mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h))
-        return self._rms(self.base.norm, x)
+            x = x + F.linear(out.transpose(1, 2).reshape(b, t, -1), *w.o)
+            h = self._rms(w.ln2, w.ln2_eps, x)
+            x = x + F.linear(F.silu(F.linear(h, *w.gate)) * F.linear(h, *w.up), *w.down)
+        return self._rms(*self.final_norm, x)
 
     def sample(self, prompts: list[list[int]], seeds: np.ndarray, params: SamplingParams,
                pad_id: int, capture_hidden: bool) -> list[Generation]:
         model = self.model
         n = len(prompts)
-        ids, prompt_mask = _left_pad(prompts, pad_id)
+        # GRPO samples a prompt G times: prefill each distinct prompt once, then copy its
+        # cache rows to every sample of the group.
+        distinct: dict[tuple[int, ...], int] = {}
+        owner = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompts])
+        ids, prompt_mask = _left_pad([list(p) for p in distinct], pad_id)
         width = ids.shape[1]
         total = width + params.max_new_tokens
         dtype = self.base.embed_tokens.weight.dtype
-        cache = [
-            (torch.empty(n, self.n_kv, total, self.head_dim, dtype=dtype),
-             torch.empty(n, self.n_kv, total, self.head_dim, dtype=dtype))
-            for _ in self.layers
-        ]
-        key_ok = torch.ones(n, total, dtype=torch.bool)
-        key_ok[:, :width] = prompt_mask
         positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
         causal = torch.ones(width, width, dtype=torch.bool).tril()
         mask = causal.unsqueeze(0) & prompt_mask.unsqueeze(1)
         # A pad query row would attend to nothing (NaN); let it see itself. Its output is never used.
         mask |= torch.eye(width, dtype=torch.bool).unsqueeze(0)
-        hidden = self.forward(ids, positions, mask.unsqueeze(1), cache, 0)[:, -1]
-        next_pos = positions[:, -1] + 1
+        prefill_cache = [
+            (torch.empty(len(distinct), self.n_kv, width, self.head_dim, dtype=dtype),
+             torch.empty(len(distinct), self.n_kv, width, self.head_dim, dtype=dtype))
+            for _ in self.layers
+        ]
+        hidden = self.forward(ids, positions, mask.unsqueeze(1), prefill_cache, 0)[:, -1][owner]
+        lm_head = _wb(model.lm_head)
+        cache = []
+        for k_pre, v_pre in prefill_cache:
+            k = torch.empty(n, self.n_kv, total, self.head_dim, dtype=dtype)
+            v = torch.empty(n, self.n_kv, total, self.head_dim, dtype=dtype)
+            k[:, :, :width] = k_pre[owner]
+            v[:, :, :width] = v_pre[owner]
+            cache.append((k, v))
+        key_ok = torch.ones(n, total, dtype=torch.bool)
+        key_ok[:, :width] = prompt_mask[owner]
+        no_padding = bool(prompt_mask.all())
+        next_pos = positions[owner, -1] + 1
 
-        out_tokens = torch.zeros(n, params.max_new_tokens, dtype=torch.long)
-        out_logp = torch.zeros(n, params.max_new_tokens, dtype=torch.float32)
-        out_hidden = torch.zeros(n, params.max_new_tokens, hidden.shape[-1], dtype=torch.bfloat16) if capture_hidden else None
-        lengths = torch.zeros(n, dtype=torch.long)
-        eos = torch.zeros(n, dtype=torch.bool)
-        active = torch.arange(n)
+        limit = params.max_new_tokens
+        # Outputs are written per batch row (plain slice stores, no scatter per step) and
+        # moved to their sample's slot when a row leaves the batch or at the end.
+        out_tokens = torch.zeros(n, limit, dtype=torch.long)
+        out_logp = torch.zeros(n, limit, dtype=torch.float32)
+        out_hidden = torch.zeros(n, limit, hidden.shape[-1], dtype=torch.bfloat16) if capture_hidden else None
+        row_tokens, row_logp = out_tokens.clone(), out_logp.clone()
+        row_hidden = out_hidden.clone() if capture_hidden else None
+        active = torch.arange(n)  # batch row -> sample index
+        finished = torch.zeros(n, dtype=torch.bool)  # rows that drew EOS; they ride along until compaction
         act_seeds = seeds.copy()
-        for step in range(params.max_new_tokens):
-            logits = model.lm_head(hidden)
+
+        def flush(rows: torch.Tensor) -> None:
+            out_tokens[active[rows]] = row_tokens[rows]
+            out_logp[active[rows]] = row_logp[rows]
+            if row_hidden is not None:
+                out_hidden[active[rows]] = row_hidden[rows]
+
+        for step in range(limit):
+            logits = F.linear(hidden, *lm_head)
             tok, logp = draw(logits, uniforms(act_seeds, step), params.temperature, params.top_p)
-            out_tokens[active, step] = tok
-            out_logp[active, step] = logp
-            if out_hidden is not None:
-                out_hidden[active, step] = hidden.to(torch.bfloat16)
-            lengths[active] = step + 1
-            done = tok == params.eos_token_id
-            eos[active[done]] = True
-            if step + 1 == params.max_new_tokens:
+            row_tokens[:, step] = tok
+            row_logp[:, step] = logp
+            if row_hidden is not None:
+                row_hidden[:, step] = hidden
+            finished |= tok == params.eos_token_id
+            n_finished = int(finished.sum())
+            if step + 1 == limit or n_finished == len(active):
                 break
-            if done.any():
-                keep = (~done).nonzero().squeeze(-1)
-                if keep.numel() == 0:
-                    break
+            # Dropping finished rows copies the whole cache, so do it only once half
+            # of the batch has finished; until then they ride along and are ignored.
+            if n_finished * 2 >= len(active):
+                flush(finished.nonzero().squeeze(-1))
+                keep = (~finished).nonzero().squeeze(-1)
                 active, tok, next_pos = active[keep], tok[keep], next_pos[keep]
+                row_tokens, row_logp = row_tokens[keep], row_logp[keep]
+                row_hidden = row_hidden[keep] if row_hidden is not None else None
+                finished = finished[keep]
                 act_seeds = act_seeds[keep.numpy()]
                 key_ok = key_ok[keep]
                 cache = [(k[keep], v[keep]) for k, v in cache]
             slot = width + step
-            step_mask = key_ok[:, : slot + 1].unsqueeze(1).unsqueeze(1)
+            # One query per row sees every filled slot but the prompt's left padding; with
+            # no padding at all there is nothing to mask. (A contiguous mask is much
+            # faster in the CPU attention kernel than a strided view.)
+            step_mask = None if no_padding else key_ok[:, : slot + 1].contiguous().view(len(active), 1, 1, slot + 1)
             hidden = self.forward(tok.unsqueeze(-1), next_pos.unsqueeze(-1), step_mask, cache, slot)[:, -1]
             next_pos = next_pos + 1
+        flush(torch.arange(len(active)))
+        # A completion ends at its first EOS, or at the limit (or wherever the loop stopped).
+        is_eos = out_tokens[:, : step + 1] == params.eos_token_id
+        eos = is_eos.any(dim=1)
+        lengths = torch.where(eos, is_eos.int().argmax(dim=1) + 1, torch.full((n,), step + 1))
         return _collect(out_tokens, out_logp, out_hidden, lengths, eos)
 
 
