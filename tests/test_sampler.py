@@ -71,3 +71,31 @@ def test_uniforms_and_draw():
     many = uniforms(np.arange(20000, dtype=np.uint64), 3)
     tokens, _ = draw(logits[:1].expand(20000, 2), many, temperature=1.0, top_p=1.0)
     assert abs(tokens.float().mean().item() - 0.75) < 0.015
+
+
+def test_any_causal_lm_runs_on_the_generic_path(tmp_path):
+    """A non-Llama architecture (GPT-2) samples through its own forward, and the recorded
+    hidden rows and logprobs match one prefill of prompt + completion."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from swarmrl.inference.sampler import supports_fast_path
+    from swarmrl.model.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=64, n_layer=2, n_head=4, n_positions=128,
+                                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)).eval()
+    model.save_pretrained(tmp_path / "gpt2")
+    tok.save_pretrained(tmp_path / "gpt2")
+    model, tok = load_policy(tmp_path / "gpt2")
+    assert not supports_fast_path(model)
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, eos_token_id=tok.eos_token_id)
+    prompts = [tok("12+34 think 32\n")["input_ids"], tok("5+6\n")["input_ids"]]
+    gens = sample(model, prompts, [3, 4], params, pad_id=tok.pad_token_id)
+    for prompt, gen in zip(prompts, gens):
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([prompt + gen.tokens]), output_hidden_states=True)
+        rows = slice(len(prompt) - 1, len(prompt) - 1 + len(gen.tokens))
+        lp = torch.log_softmax(out.logits[0, rows], -1).gather(-1, torch.tensor(gen.tokens)[:, None])[:, 0]
+        np.testing.assert_allclose(lp.numpy(), gen.logprobs, atol=1e-4)
+        assert torch.allclose(out.hidden_states[-1][0, rows].bfloat16().float(), gen.hidden.float(), atol=2e-2)
