@@ -59,6 +59,16 @@ def test_run_async2_respects_the_bound_and_survives_bad_files(tmp_path, warm_mod
     log = (out / "t" / "logs" / "trainer.log").read_text()
     assert "garbage-00000.parquet: not a readable Parquet file" in log
     assert 5 in list_checkpoints(out / "t" / "checkpoints")
+    # Workers got their policies through the relay, never from the trainer's folder:
+    # each download is recorded per server, and only the relay's URL appears.
+    config = json.loads((out / "t" / "config.json").read_text())
+    relay_url = config["shardcast"]["servers"]
+    assert len(relay_url) == 1 and summary["bytes_served"]["relay-0"] > 0 and summary["bytes_served"]["origin"] > 0
+    for log_file in (out / "t" / "logs").glob("worker-*.jsonl"):
+        last = json.loads(log_file.read_text().splitlines()[-1])
+        assert set(last["bytes_by_server"]) == {relay_url[0]} and last["bytes_by_server"][relay_url[0]] > 0
+        assert last["policy_step"] >= 1
+    assert any((out / "t" / "worker_cache").glob("worker-*/v*"))
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen:

@@ -44,13 +44,21 @@ def step_folder(run_dir: Path, step: int) -> Path:
 
 
 class UsableCounter:
-    """Counts non-zero-advantage samples per step folder, reading each file's footer once."""
+    """Usable samples per step: the trainer's own count for the step it is waiting on
+    (`trainer_status.json`: it knows about rejected files and stale samples), otherwise
+    the non-zero-advantage counts in the files' footers (each read once)."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = Path(run_dir)
         self._seen: dict[Path, int] = {}
 
     def count(self, step: int) -> int:
+        try:
+            status = json.loads((self.run_dir / "trainer_status.json").read_text())
+            if status["step"] == step:
+                return int(status["usable"])
+        except (OSError, ValueError, KeyError):
+            pass  # no status yet, or one being replaced: fall back to the footers
         total = 0
         folder = step_folder(self.run_dir, step)
         if not folder.is_dir():

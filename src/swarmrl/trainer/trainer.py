@@ -127,13 +127,31 @@ class Trainer:
         warm = self.cfg.trainer.warmup_steps
         return self.cfg.trainer.lr * (min(1.0, (self.opt_steps + 1) / warm) if warm else 1.0)
 
+    def _write_status(self, step: int, usable: int) -> None:
+        """Tell workers how many usable samples the step really has (after the checks
+        and filters a file's own metadata cannot know about)."""
+        status = self.run_dir / "trainer_status.json"
+        tmp = status.with_name(".trainer_status.json.tmp")
+        tmp.write_text(json.dumps({"step": step, "usable": usable, "needed": self.cfg.trainer.batch_samples}))
+        tmp.replace(status)
+
     def collect(self, step: int) -> tuple[list[Sample], BatchCollector, float]:
         collector = BatchCollector(step_folder(self.run_dir, step), step, self.cfg.async_level)
-        start = time.perf_counter()
+        start = last_report = time.perf_counter()
+        reported = -1
         while True:
             collector.poll()
             if collector.usable >= self.cfg.trainer.batch_samples:
                 return collector.take(self.cfg.trainer.batch_samples), collector, time.perf_counter() - start
+            if collector.usable != reported:
+                self._write_status(step, collector.usable)
+                reported = collector.usable
+            if time.perf_counter() - last_report > 60:
+                log.warning("step %d: %d of %d usable samples after %.0f s (%d files read, %d zero-advantage and %d stale "
+                            "samples dropped, %d files rejected)", step, collector.usable, self.cfg.trainer.batch_samples,
+                            time.perf_counter() - start, len(collector.seen), collector.dropped_zero,
+                            collector.dropped_stale, len(collector.rejected))
+                last_report = time.perf_counter()
             time.sleep(0.05)
 
     def train_step(self, samples: list[Sample]) -> dict:
