@@ -9,7 +9,12 @@ up to 48 new tokens, temperature 0.6), for each of N rollout files it times side
 side, in one process with T torch threads:
 
 - generation: the worker's batched sampler for the file's 64 samples;
-- proof building: ``build_proofs`` for every sample (reported as a share of generation);
+- proof building: one ``build_proofs_batch`` call for the file's 64 samples, joined
+  into the rollout's ``proofs`` values (reported as a share of generation); beside it,
+  the worker's own proof time as ``generate_rollouts`` reports it (whatever call
+  rollout.py makes);
+- TOPLOC verification alone: ``verify_proofs_batch`` on the validator's recomputed
+  hidden states, against ``verify_proofs`` per sample (what the validator calls now);
 - validation prefill: the validator's batched prefill of the same samples;
 - full validation: ``validate_rollouts`` (prefill plus every check).
 
@@ -35,6 +40,7 @@ from swarmrl.inference.sampler import SamplingParams
 from swarmrl.model.build import WarmStartRecipe, ensure_default_model
 from swarmrl.rollouts import RolloutMeta, read_rollouts, write_rollouts
 from swarmrl.tasks.registry import build_task
+from swarmrl.toploc import build_proofs_batch, bytes_to_proofs, verify_proofs, verify_proofs_batch
 from swarmrl.validator import validate_rollouts
 from swarmrl.validator.prefill import recompute
 
@@ -52,7 +58,8 @@ def main() -> None:
     task = build_task(cfg.task)
     params = SamplingParams(temperature=cfg.sampling.temperature, max_new_tokens=cfg.sampling.max_new_tokens,
                             eos_token_id=tok.eos_token_id, top_p=cfg.sampling.top_p)
-    totals = {"tokens": 0, "generate": 0.0, "proofs": 0.0, "prefill": 0.0, "validate": 0.0}
+    totals = {"tokens": 0, "generate": 0.0, "proofs": 0.0, "worker_proofs": 0.0, "prefill": 0.0,
+              "validate": 0.0, "verify_batched": 0.0, "verify_per_sample": 0.0}
     with tempfile.TemporaryDirectory() as tmp:
         for counter in range(args.files + 1):  # file 0 warms up and is not counted
             plan = assign(cfg.seed, "bench", 0, counter, num_problems=task.num_train(), prompts=cfg.worker.prompts_per_file,
@@ -63,9 +70,22 @@ def main() -> None:
                                num_samples=len(cols["seed"]), num_nonzero=batch.num_nonzero)
             table, meta = read_rollouts(write_rollouts(Path(tmp) / f"{counter}.parquet", cols, meta))
             start = time.perf_counter()
-            recompute(model, cols["input_tokens"], cols["output_tokens"], temperature=params.temperature, top_p=params.top_p,
-                      eos_id=tok.eos_token_id)
+            proofs = [b"".join(p) for p in build_proofs_batch([g.hidden for g in batch.generations])]
+            proof_seconds = time.perf_counter() - start
+            assert proofs == cols["proofs"], "batched proofs differ from the worker's"
+            start = time.perf_counter()
+            stats = recompute(model, cols["input_tokens"], cols["output_tokens"], temperature=params.temperature,
+                              top_p=params.top_p, eos_id=tok.eos_token_id)
             prefill = time.perf_counter() - start
+            hidden = [s.hidden for s in stats]
+            split = [bytes_to_proofs(p, n_tokens=len(out), hidden_size=model.config.hidden_size)
+                     for p, out in zip(proofs, cols["output_tokens"])]
+            start = time.perf_counter()
+            verify_proofs_batch(hidden, split)
+            verify_batched = time.perf_counter() - start
+            start = time.perf_counter()
+            [verify_proofs(h, p) for h, p in zip(hidden, split)]
+            verify_per_sample = time.perf_counter() - start
             start = time.perf_counter()
             verdict = validate_rollouts(table, meta, model, tok, cfg)
             validate = time.perf_counter() - start
@@ -73,7 +93,10 @@ def main() -> None:
             if counter:
                 totals["tokens"] += batch.gen_tokens
                 totals["generate"] += batch.gen_seconds
-                totals["proofs"] += batch.proof_seconds
+                totals["proofs"] += proof_seconds
+                totals["worker_proofs"] += batch.proof_seconds
+                totals["verify_batched"] += verify_batched
+                totals["verify_per_sample"] += verify_per_sample
                 totals["prefill"] += prefill
                 totals["validate"] += validate
     tokens = totals["tokens"]
@@ -81,11 +104,17 @@ def main() -> None:
         "files": args.files, "threads": args.threads, "completion_tokens": tokens,
         "generation_tok_s": round(tokens / totals["generate"]),
         "proof_share_of_generation": round(totals["proofs"] / totals["generate"], 4),
+        "worker_proof_share": round(totals["worker_proofs"] / totals["generate"], 4),
+        "proof_ms_per_file": round(totals["proofs"] / args.files * 1e3, 2),
+        "generation_ms_per_file": round(totals["generate"] / args.files * 1e3, 1),
+        "toploc_verify_ms_per_file": round(totals["verify_batched"] / args.files * 1e3, 2),
+        "toploc_verify_ms_unbatched": round(totals["verify_per_sample"] / args.files * 1e3, 2),
         "prefill_tok_s": round(tokens / totals["prefill"]),
         "validation_tok_s": round(tokens / totals["validate"]),
         "prefill_speedup": round(totals["generate"] / totals["prefill"], 2),
         "validation_speedup": round(totals["generate"] / totals["validate"], 2),
         "target_speedup": 10.0,
+        "target_proof_share": 0.02,
     }
     for key, value in result.items():
         print(f"{key:28s} {value}")

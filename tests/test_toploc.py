@@ -17,12 +17,15 @@ from swarmrl.toploc import (
     ProofFormatError,
     ToplocThresholds,
     build_proofs,
+    build_proofs_batch,
     bytes_to_proofs,
     chunk_points,
     encode_proof,
+    encode_proofs,
     parse_proof,
     proofs_to_bytes,
     verify_proofs,
+    verify_proofs_batch,
 )
 from swarmrl.toploc import gf
 
@@ -81,6 +84,33 @@ def test_reference_vectors(case: dict) -> None:
             check.exp_mismatches <= 38 and check.mant_err_mean <= 10 and check.mant_err_median <= 8
         )
         assert check.passed == expected
+
+
+def _verify_stats(checks: list[ChunkCheck]) -> list[tuple[int, float, float]]:
+    return [(c.exp_mismatches, c.mant_err_mean, c.mant_err_median) for c in checks]
+
+
+def test_reference_vectors_in_one_batch() -> None:
+    """All cases sharing chunk size and topk in one batched call: the reference's bytes and
+    statistics, whatever else is in the batch (hidden sizes 8 to 4096 mixed)."""
+    by_layout: dict[tuple[int, int], list[dict]] = {}
+    for case in CASES:
+        by_layout.setdefault((case["chunk"], case["topk"]), []).append(case)
+    for (chunk, topk), cases in by_layout.items():
+        ours = build_proofs_batch(
+            [_bf16(c["act_bits"], c["T"], c["H"]) for c in cases], chunk, topk
+        )
+        assert [[p.hex() for p in proofs] for proofs in ours] == [c["proofs"] for c in cases]
+        checks = verify_proofs_batch(
+            [_bf16(c["other_bits"], c["T"], c["H"]) for c in cases],
+            [[bytes.fromhex(p) for p in c["proofs"]] for c in cases],
+            chunk,
+            topk,
+        )
+        assert [_verify_stats(seq) for seq in checks] == [
+            [(v["exp_mismatches"], v["mant_err_mean"], v["mant_err_median"]) for v in c["verify"]]
+            for c in cases
+        ]
 
 
 # --- an independent, slow oracle: the algorithm of DESIGN §4.3 in plain Python -------
@@ -164,6 +194,84 @@ def test_honest_proofs_verify_exactly_and_round_trip(
     assert [encode_proof(*parse_proof(p)) for p in proofs] == proofs
 
 
+def _chunk_by_chunk_proofs(x: torch.Tensor, chunk_size: int = 32, topk: int = 128) -> list[bytes]:
+    """The definition one chunk at a time: torch's own top-k of the bf16 |values| (sorted,
+    as the reference calls it) and the Lagrange interpolation path, whatever the domain."""
+    proofs = []
+    for start in range(0, len(x), chunk_size):
+        flat = x[start : start + chunk_size].reshape(-1)
+        indices = flat.abs().topk(min(topk, flat.numel())).indices.numpy()[None, :]
+        values = flat.view(torch.int16).numpy().view(np.uint16)[indices].astype(np.int64) % P
+        [modulus] = gf.injective_modulus(indices, flat.numel())
+        [coeffs] = gf._interpolate_lagrange(indices % modulus, values)
+        proofs.append(encode_proof(int(modulus), coeffs))
+    return proofs
+
+
+def _rollout_like(hidden: int, lengths: list[int], seed: int) -> list[torch.Tensor]:
+    """Sequences of the given lengths, alternately Gaussian and heavily tied (4 magnitudes)."""
+    rng = np.random.default_rng(seed)
+    sequences = []
+    for i, tokens in enumerate(lengths):
+        if i % 2:
+            palette = np.array([0x3F80, 0x4000, 0x4040, 0x3F00])  # 1, 2, 3, 0.5
+            bits = rng.choice(palette, size=(tokens, hidden)) | (
+                rng.integers(0, 2, size=(tokens, hidden)) << 15
+            )
+            sequences.append(_from_bits(bits))
+        else:
+            gaussian = rng.standard_normal((tokens, hidden))
+            sequences.append(torch.from_numpy(gaussian).to(torch.bfloat16))
+    return sequences
+
+
+@pytest.mark.parametrize(
+    ("hidden", "lengths"),
+    [
+        (2, [70, 33, 1, 64, 0, 5]),  # every chunk has fewer than topk values
+        (128, [30, 48, 32, 33, 1, 0, 47, 64, 3, 31]),  # the default model's rollouts
+        (896, [40, 32, 7, 65]),
+        (4096, [33, 32]),  # above 65497 values: the modulus search runs
+    ],
+)
+def test_batch_matches_the_definition_chunk_by_chunk(hidden: int, lengths: list[int]) -> None:
+    """Batched selection (one unsorted top-k per chunk length) and the table interpolation
+    give the bytes of the definition, ties and short last chunks included."""
+    sequences = _rollout_like(hidden, lengths, seed=hidden)
+    batch = build_proofs_batch(sequences)
+    assert batch == [_chunk_by_chunk_proofs(x) for x in sequences]
+    assert [build_proofs(x) for x in sequences] == batch
+    checks = verify_proofs_batch(sequences, batch)
+    assert checks == [verify_proofs(x, p) for x, p in zip(sequences, batch)]
+    assert all(c.passed and c.exp_mismatches == 0 for seq in checks for c in seq)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    xs=st.lists(activations(max_tokens=40, max_hidden=40), max_size=5),
+    chunk_size=st.integers(1, 12),
+    topk=st.sampled_from([1, 5, 16, 128]),
+)
+def test_batch_of_mixed_shapes_matches_the_definition(
+    xs: list[torch.Tensor], chunk_size: int, topk: int
+) -> None:
+    assert build_proofs_batch(xs, chunk_size, topk) == [
+        _chunk_by_chunk_proofs(x, chunk_size, topk) for x in xs
+    ]
+
+
+def test_verify_batch_names_the_sequence_of_a_bad_proof() -> None:
+    x = _hidden_states()
+    proofs = build_proofs(x)
+    with pytest.raises(ProofFormatError, match="sequence 1: 1 proofs for 64 tokens"):
+        verify_proofs_batch([x, x], [proofs, proofs[:1]])
+    with pytest.raises(ProofFormatError, match="sequence 0: chunk 1: proof has m = 0"):
+        verify_proofs_batch([x], [[proofs[0], _proof(0, [0] * 128)]])
+    with pytest.raises(ValueError, match="2 activations but 1 proof lists"):
+        verify_proofs_batch([x, x], [proofs])
+    assert build_proofs_batch([]) == [] and verify_proofs_batch([], []) == []
+
+
 def test_full_size_chunk_verifies_and_uses_default_layout() -> None:
     x = torch.randn(70, 896, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     proofs = build_proofs(x)
@@ -186,6 +294,26 @@ def test_interpolate_then_evaluate_recovers_points(k: int, seed: int, near_top: 
     assert coeffs.shape == (2, k) and coeffs.min() >= 0 and coeffs.max() < P
     assert (gf.evaluate(coeffs, x) == y).all()
     assert (gf.evaluate(coeffs, np.zeros((2, 1), dtype=np.int64))[:, 0] == coeffs[:, 0]).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    k=st.integers(1, 256),
+    domain=st.sampled_from([1, 300, 4096, gf.SMALL_DOMAIN]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_table_interpolation_agrees_with_lagrange(k: int, domain: int, seed: int) -> None:
+    """Points below SMALL_DOMAIN take the table path; it gives the Lagrange path's answer."""
+    rng = np.random.default_rng(seed)
+    x = np.stack([rng.choice(max(k, domain), size=k, replace=False) for _ in range(3)])
+    y = rng.integers(0, P, size=(3, k))
+    y[0] = P - 1  # the largest values: the products' exactness bound
+    assert gf._table_domain(x, k) > 0
+    coeffs = gf.interpolate(x, y)
+    assert (coeffs == gf._interpolate_lagrange(x, y)).all()
+    assert (gf.evaluate(coeffs, x) == y).all()
+    zero = np.zeros((3, 1), dtype=np.int64)
+    assert (gf.evaluate(coeffs, zero)[:, 0] == coeffs[:, 0]).all()
 
 
 def test_log_tables_are_a_bijection() -> None:
@@ -388,3 +516,19 @@ def test_encode_proof_refuses_values_that_do_not_fit() -> None:
     with pytest.raises(ProofFormatError, match="m = 0"):
         encode_proof(0, np.array([1]))
     assert encode_proof(P, np.array([1, 2])) == _proof(P, [1, 2])
+
+
+def test_encode_proofs_is_encode_proof_row_by_row() -> None:
+    rng = np.random.default_rng(0)
+    moduli, coeffs = np.array([P, 7, 100, 65000]), rng.integers(0, P, size=(4, 7))
+    coeffs[0] = P - 1
+    assert encode_proofs(moduli, coeffs) == [encode_proof(m, c) for m, c in zip(moduli, coeffs)]
+    assert encode_proofs(np.zeros(0), np.zeros((0, 128))) == []
+    with pytest.raises(ProofFormatError, match="cannot be distinct mod 3"):
+        encode_proofs([P, 3], np.ones((2, 4), dtype=np.int64))
+    with pytest.raises(ProofFormatError, match="coefficient 1 is 65497"):
+        encode_proofs([P], [[0, P]])
+    with pytest.raises(ValueError, match="uint16"):
+        encode_proofs([P], [[-1, 2]])
+    with pytest.raises(ValueError, match=r"coeffs \[n, k\]"):
+        encode_proofs([P, P], [[1, 2]])

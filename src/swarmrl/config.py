@@ -66,10 +66,10 @@ class ShardcastConfig(_Section):
 
 
 class TrainerConfig(_Section):
-    steps: int = Field(100, ge=0, description="rollout steps to train (checkpoints 1..steps)")
+    steps: int = Field(50, ge=0, description="rollout steps to train (checkpoints 1..steps)")
     batch_samples: int = Field(128, ge=1, description="non-zero-advantage samples consumed per rollout step (whole groups)")
     optimizer_steps: int = Field(2, ge=1, description="optimizer steps per rollout step (the batch is split into this many minibatches)")
-    lr: float = Field(5e-5, gt=0, description="AdamW learning rate (paper: 3e-7 for 32B; tiny models tolerate more, but Adam moves every weight by about lr per step, so keep it small)")
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate (paper: 3e-7 for 32B; tiny models tolerate more, but Adam moves every weight by about lr per step, so keep it small)")
     warmup_steps: int = Field(2, ge=0, description="linear learning-rate warm-up, in optimizer steps")
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")

@@ -111,6 +111,10 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
         console.print(f"before RL: accuracy {before['accuracy']:.3f}, length error {before['length_error']}")
 
     logs = run_dir / "logs"
+    done_marker = run_dir / "trainer_done.json"
+    last_step = latest_checkpoint(run_dir / "checkpoints")
+    if done_marker.exists() and (last_step or 0) < cfg.trainer.steps:
+        done_marker.unlink()  # resuming a finished run with more steps: workers must not stop at once
     procs: dict[str, subprocess.Popen] = {}
     origin_server = None
     server_urls: dict[str, str] = {}

@@ -42,6 +42,33 @@ def encode_proof(modulus: int, coeffs: np.ndarray) -> bytes:
     return proof
 
 
+def encode_proofs(moduli: np.ndarray, coeffs: np.ndarray) -> list[bytes]:
+    """Serialize many chunk proofs with the same k at once: proof i is m_i then coeffs[i].
+
+    ``moduli``: ints ``[n]``; ``coeffs``: ints ``[n, k]``. Checks all rows with the
+    parser's rules in a few array operations and raises what ``encode_proof`` would
+    for the first bad row.
+    """
+    moduli = np.asarray(moduli, dtype=np.int64).reshape(-1)
+    coeffs = np.asarray(coeffs, dtype=np.int64)
+    if coeffs.ndim != 2 or coeffs.shape[0] != moduli.size:
+        raise ValueError(
+            f"need coeffs [n, k] for n = {moduli.size} moduli, got shape {coeffs.shape}"
+        )
+    n, k = coeffs.shape
+    if n == 0:
+        return []
+    # The parser's rules (see _parse), so every proof emitted here parses.
+    bad = (moduli < max(k, 1)) | (moduli > MAX_MODULUS) | (k == 0) | (coeffs < 0).any(axis=1)
+    bad |= (coeffs >= P).any(axis=1)
+    if bad.any():
+        row = int(np.argmax(bad))
+        encode_proof(int(moduli[row]), coeffs[row])  # raises, naming the field
+    raw = np.concatenate((moduli[:, None], coeffs), axis=1).astype(">u2").tobytes()
+    size = 2 * (k + 1)
+    return [raw[start : start + size] for start in range(0, n * size, size)]
+
+
 def parse_proof(
     proof: bytes | bytearray | memoryview, chunk: int | None = None
 ) -> tuple[int, np.ndarray]:

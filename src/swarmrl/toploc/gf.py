@@ -1,16 +1,22 @@
 """Arithmetic in GF(65497) for TOPLOC: interpolation, evaluation and the index modulus.
 
-Everything here is batched numpy int arithmetic with a constant number of array
-operations per call, whatever the number of points k:
+Everything here is batched numpy arithmetic with a constant number of array operations
+per block of chunks, whatever the number of points k:
 
 - Multiplication and inversion go through discrete-log tables (a primitive root g,
   ``EXP[i] = g**i``, ``LOG[EXP[i]] = i``), so a product of k factors is one sum of
   logs and an inverse is one negated log.
-- Interpolation is Lagrange's formula evaluated at k *fixed* points z (where the
-  polynomial is then known), followed by one multiplication with the inverse
-  Vandermonde matrix of z, computed once per k and cached. Any correct
-  interpolation gives the same unique polynomial of degree < k, so the coefficients
-  agree with the reference's Newton interpolation.
+- Points below ``SMALL_DOMAIN`` (every chunk of a model with hidden size <= 256) take
+  the table path: per k, tables over the whole domain hold x**s and log(z_t - x), so a
+  chunk's k x k matrices are row gathers, and interpolation is three batched
+  matrix-vector products (barycentric weights from M'(x_j), then the coefficients of
+  sum_j y_j w_j M(X) / (X - x_j) through the Hankel matrix of M). Evaluation is one
+  gather and one product.
+- Other points take the Lagrange path: Lagrange's formula evaluated at k *fixed* points
+  z (where the polynomial is then known), followed by one multiplication with the
+  inverse Vandermonde matrix of z, computed once per k and cached. Any correct
+  interpolation gives the same unique polynomial of degree < k, so both paths agree
+  with each other and with the reference's Newton interpolation.
 - Dot products run as float64 BLAS matrix products. They are exact: every term is a
   product of two integers below P < 2**16, so a sum of k <= 2**20 terms
   (``MAX_POINTS``) stays below 2**52.
@@ -23,6 +29,9 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
+import torch
+from numpy.lib.stride_tricks import as_strided
+from torch.nn.functional import embedding_bag
 
 P = 65497
 """The prime modulus of the TOPLOC field (the reference's choice)."""
@@ -120,18 +129,139 @@ def _mod_p(a: np.ndarray) -> np.ndarray:
     return a.astype(np.int64) % P
 
 
+SMALL_DOMAIN = 8192
+"""Points below this (and k <= ``_TABLE_MAX_POINTS``) take the table path."""
+
+# The table path sums k logs below P - 1 in float32, exact while k * (P - 2) < 2**24.
+_TABLE_MAX_POINTS = 256
+# Chunks per numpy call: the table path's [block, k, k] temporaries (128 KiB per chunk at
+# k = 128) stay in cache at 16; the Lagrange path has four k x k temporaries per chunk.
+_TABLE_BLOCK = 16
+_LAGRANGE_BLOCK = 4
+
+
 def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Coefficients (lowest degree first) of the polynomials through (x, y), batched.
 
     ``x``, ``y``: int arrays ``[batch, k]`` with entries in [0, P) and, per row,
     pairwise distinct x. Returns int64 ``[batch, k]``: row b holds the unique
-    polynomial f of degree < k with f(x[b, j]) = y[b, j] over GF(P).
+    polynomial f of degree < k with f(x[b, j]) = y[b, j] over GF(P). Any batch size;
+    blocks of it go through numpy at a time.
     """
-    x = np.asarray(x, dtype=np.int32)
+    x = np.asarray(x, dtype=np.int64)
     y = np.asarray(y, dtype=np.float64)
-    _, k = x.shape
+    batch, k = x.shape
     if k > MAX_POINTS:
         raise ValueError(f"{k} points is more than the {MAX_POINTS} this field code supports")
+    if batch == 0:
+        return np.zeros((0, k), dtype=np.int64)
+    domain = _table_domain(x, k)
+    if domain:
+        powers, gaps = _power_table(k, domain), _gap_table(k, domain)
+        return np.concatenate(
+            [
+                _interpolate_tables(x[i : i + _TABLE_BLOCK], y[i : i + _TABLE_BLOCK], powers, gaps)
+                for i in range(0, batch, _TABLE_BLOCK)
+            ]
+        )
+    return np.concatenate(
+        [
+            _interpolate_lagrange(x[i : i + _LAGRANGE_BLOCK], y[i : i + _LAGRANGE_BLOCK])
+            for i in range(0, batch, _LAGRANGE_BLOCK)
+        ]
+    )
+
+
+def _table_domain(x: np.ndarray, k: int) -> int:
+    """Size of the table domain covering ``x`` (a power of two >= 256), or 0 if too large."""
+    top = int(x.max()) + 1 if x.size else 1
+    if k > _TABLE_MAX_POINTS or top > SMALL_DOMAIN:
+        return 0
+    return max(256, 1 << (top - 1).bit_length())
+
+
+@lru_cache(maxsize=4)
+def _power_table(k: int, domain: int) -> np.ndarray:
+    """``T[x, s] = x**s mod P`` for x < domain and s < k, as uint16 (0**0 = 1)."""
+    x = np.arange(domain, dtype=np.int64)
+    table = EXP[LOG[x][:, None] * np.arange(k) % _ORDER]
+    table[0] = np.arange(k) == 0
+    return table.astype(np.uint16)
+
+
+@lru_cache(maxsize=4)
+def _gap_table(k: int, domain: int) -> torch.Tensor:
+    """``T[x, t] = log(z_t - x)`` for x < domain and the k fixed points z, float32 tensor.
+
+    z_t >= P - k > x, so every gap is nonzero; float32 holds the sum of k such logs
+    exactly for k <= ``_TABLE_MAX_POINTS``.
+    """
+    z = _fixed_points(k)
+    return torch.from_numpy(LOG[z[None, :] - np.arange(domain)[:, None]].astype(np.float32))
+
+
+@lru_cache(maxsize=16)
+def _fixed_power(k: int) -> np.ndarray:
+    """``z_t**k mod P`` for the k fixed points, as float64."""
+    return EXP[LOG[_fixed_points(k)] * k % _ORDER].astype(np.float64)
+
+
+def _interpolate_tables(
+    x: np.ndarray, y: np.ndarray, powers: np.ndarray, gaps: torch.Tensor
+) -> np.ndarray:
+    """``interpolate`` for x inside the tables' domain: gathers and matrix-vector products.
+
+    With M(X) = prod_j (X - x_j) = sum_s m_s X^s and w_j = 1 / M'(x_j),
+    f(X) = sum_j y_j w_j M(X) / (X - x_j), whose coefficient i is
+    c_i = sum_r m_{i+1+r} v_r with v_r = sum_j y_j w_j x_j^r.
+    """
+    batch, k = x.shape
+    # m_0 .. m_{k-1} from M at the fixed points (M is monic: M(z) - z^k has degree < k).
+    # log M(z_t) = sum_j gaps[x_j, t]: torch's embedding_bag sums the rows without
+    # materializing the [batch, k, k] gather (float32 sums of such logs are exact).
+    log_m = embedding_bag(torch.from_numpy(x), gaps, mode="sum").numpy()
+    m_at_z = np.take(_EXP_WIDE, log_m.astype(np.intp) % _ORDER)
+    low = _reduce((m_at_z - _fixed_power(k) + P) @ _inverse_vandermonde(k))
+
+    # M'(X) = sum_s (s+1) m_{s+1} X^s, evaluated at every x_j: one power-row gather.
+    # Its coefficients stay unreduced (< k * P < 2**24): the product's sum stays < 2**48.
+    derivative = np.empty((batch, k, 1))
+    derivative[:, :-1, 0] = low[:, 1:] * np.arange(1, k)
+    derivative[:, -1, 0] = k
+    power_rows = powers[x].astype(np.float64)  # [batch, j, s] = x_j**s
+    m_prime = np.matmul(power_rows, derivative)[:, :, 0].astype(np.intp) % P
+    weighted = _reduce(y * np.take(_EXP_WIDE, _ORDER - LOG[m_prime]))  # y_j w_j
+    v = _reduce(np.matmul(weighted[:, None, :], power_rows)[:, 0, :])
+
+    # Hankel matrix H[i, r] = m_{i+1+r} (m_k = 1, zero beyond), as sliding windows.
+    shifted = np.zeros((batch, 2 * k - 1))
+    shifted[:, : k - 1] = low[:, 1:]
+    shifted[:, k - 1] = 1
+    row, step = shifted.strides
+    hankel = np.ascontiguousarray(as_strided(shifted, (batch, k, k), (row, step, step)))
+    return np.matmul(hankel, v[:, :, None])[:, :, 0].astype(np.int64) % P
+
+
+_INVERSE_P = 1.0 / P
+
+
+def _reduce(a: np.ndarray) -> np.ndarray:
+    """``a mod P`` for float64 ``a`` holding integers in [0, 2**42], staying in float64.
+
+    floor((a + 1/2) / P) is the exact quotient: the float error (< 2**-25) is far below
+    the 1/(2P) margin the half adds. ``np.fmod`` would be exact too but is 10x slower.
+    """
+    quotient = a + 0.5
+    quotient *= _INVERSE_P
+    np.floor(quotient, out=quotient)
+    quotient *= P
+    return np.subtract(a, quotient, out=quotient)
+
+
+def _interpolate_lagrange(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``interpolate`` for any points: Lagrange at the fixed points, then inverse Vandermonde."""
+    x = x.astype(np.int32)
+    _, k = x.shape
     z = _fixed_points(k).astype(np.int32)
 
     # Barycentric weights w_j = 1 / prod_{i != j} (x_j - x_i), as logs reduced into
@@ -167,12 +297,35 @@ def evaluate(coeffs: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Evaluate polynomials at points, batched: ``coeffs [batch, k]``, ``x [batch, n]``.
 
     Returns int64 ``[batch, n]`` with entry (b, j) = f_b(x[b, j]) mod P. Uses the power
-    matrix x_j**s (via logs) and one matrix product instead of a k-step Horner loop.
+    matrix x_j**s (gathered from a table for points below ``SMALL_DOMAIN``, else built
+    from logs) and one matrix product instead of a k-step Horner loop.
     """
     coeffs = np.asarray(coeffs, dtype=np.float64)
     x = np.asarray(x, dtype=np.int64) % P
     batch, n = x.shape
     k = coeffs.shape[1]
+    if batch == 0 or n == 0:
+        return np.zeros((batch, n), dtype=np.int64)
+    domain = _table_domain(x, k)
+    if domain:
+        powers = _power_table(k, domain)
+        blocks = [
+            np.matmul(powers[x[i : i + _TABLE_BLOCK]].astype(np.float64),
+                      coeffs[i : i + _TABLE_BLOCK, :, None])
+            for i in range(0, batch, _TABLE_BLOCK)
+        ]
+    else:
+        blocks = [
+            np.matmul(_powers_from_logs(x[i : i + _LAGRANGE_BLOCK], k),
+                      coeffs[i : i + _LAGRANGE_BLOCK, :, None])
+            for i in range(0, batch, _LAGRANGE_BLOCK)
+        ]
+    return np.concatenate(blocks)[:, :, 0].astype(np.int64) % P
+
+
+def _powers_from_logs(x: np.ndarray, k: int) -> np.ndarray:
+    """``[batch, n, k]`` float64 with entry (b, j, s) = x[b, j]**s mod P, from logs."""
+    batch, n = x.shape
     n_hi = -(-k // _SPLIT)
     log_x = LOG[x][:, :, None]
     lo = log_x * np.arange(_SPLIT) % _ORDER  # [batch, n, lo]
@@ -183,7 +336,7 @@ def evaluate(coeffs: np.ndarray, x: np.ndarray) -> np.ndarray:
     zero = x == 0
     if zero.any():
         powers[zero] = (np.arange(k) == 0).astype(np.float64)
-    return _mod_p(np.matmul(powers, coeffs[:, :, None])[:, :, 0])
+    return powers
 
 
 def injective_modulus(indices: np.ndarray, n_values: int) -> np.ndarray:

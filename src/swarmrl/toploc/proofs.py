@@ -26,10 +26,17 @@ threshold is scaled by k'/topk.
 
 Selection runs on the CPU (activations on another device are copied there first):
 CUDA's topk breaks ties differently, and the vectors pin the CPU choice.
+
+``build_proofs_batch`` and ``verify_proofs_batch`` take many sequences at once (a
+rollout file's): chunks of equal length, from every sequence, share one top-k call and
+one interpolation (or evaluation) pass, and the per-call overhead is paid once per
+file instead of once per sequence. ``build_proofs`` and ``verify_proofs`` are the
+one-sequence case of the same code.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,11 +44,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from swarmrl.toploc import gf
-from swarmrl.toploc.encoding import ProofFormatError, chunk_points, encode_proof, parse_proof
-
-# Chunks interpolated or evaluated per numpy call: the k x k temporaries of a few
-# chunks stay in L2 cache; bigger batches were measured slower per chunk.
-_CHUNKS_PER_CALL = 4
+from swarmrl.toploc.encoding import ProofFormatError, chunk_points, encode_proofs, parse_proof
 
 _NO_MATCH = float(2**64)  # the reference's statistic when no exponent matches
 
@@ -85,9 +88,10 @@ class ChunkCheck:
 
 @dataclass(frozen=True)
 class _TopEntries:
-    """The selected entries of consecutive chunks that hold the same number of values."""
+    """The selected entries of chunks (from any sequences) that hold the same number of values."""
 
-    first_chunk: int
+    sequences: np.ndarray  # int64 [chunks]: position of each chunk's sequence in the batch
+    chunks: np.ndarray  # int64 [chunks]: each chunk's index within its sequence
     n_values: int  # values per chunk (chunk rows × hidden size)
     indices: np.ndarray  # int64 [chunks, k']: flat positions within each chunk
     bits: np.ndarray  # int64 [chunks, k']: raw bf16 bits (as uint16) at those positions
@@ -99,18 +103,35 @@ def build_proofs(activations: torch.Tensor, chunk_size: int = 32, topk: int = 12
     ``activations``: bf16 ``[tokens, hidden]``. Returns ceil(tokens / chunk_size) proofs
     of 2 + 2·min(topk, values in the chunk) bytes each (258 for full chunks at topk=128).
     """
-    proofs: list[bytes] = []
+    return build_proofs_batch([activations], chunk_size, topk)[0]
+
+
+def build_proofs_batch(
+    activations: Sequence[torch.Tensor], chunk_size: int = 32, topk: int = 128
+) -> list[list[bytes]]:
+    """``build_proofs`` for many sequences at once: one list of chunk proofs per sequence.
+
+    Byte-identical to ``[build_proofs(a, chunk_size, topk) for a in activations]``, at a
+    fraction of the cost: all chunks of equal length share one top-k call, and all
+    chunks with the same number of points share the modulus search, the interpolation
+    and the encoding. Sequences may differ in length and hidden size.
+    """
+    proofs: list[list[bytes]] = [[] for _ in activations]
+    by_points: dict[int, list[tuple[_TopEntries, np.ndarray]]] = {}
     for group in _top_entries(activations, chunk_size, topk):
         moduli = gf.injective_modulus(group.indices, group.n_values)
-        points = group.indices % moduli[:, None]
-        values = group.bits % gf.P
-        coeffs = np.concatenate(
-            [
-                gf.interpolate(points[i : i + _CHUNKS_PER_CALL], values[i : i + _CHUNKS_PER_CALL])
-                for i in range(0, len(points), _CHUNKS_PER_CALL)
-            ]
-        )
-        proofs.extend(encode_proof(int(m), c) for m, c in zip(moduli, coeffs))
+        by_points.setdefault(group.indices.shape[1], []).append((group, moduli))
+    placed: list[tuple[int, int, bytes]] = []
+    for members in by_points.values():
+        moduli = np.concatenate([m for _, m in members])
+        points = np.concatenate([g.indices % m[:, None] for g, m in members])
+        values = np.concatenate([g.bits % gf.P for g, _ in members])
+        encoded = encode_proofs(moduli, gf.interpolate(points, values))
+        sequences = np.concatenate([g.sequences for g, _ in members]).tolist()
+        chunks = np.concatenate([g.chunks for g, _ in members]).tolist()
+        placed.extend(zip(sequences, chunks, encoded))
+    for sequence, _, proof in sorted(placed, key=lambda item: item[:2]):
+        proofs[sequence].append(proof)
     return proofs
 
 
@@ -128,6 +149,39 @@ def verify_proofs(
     ceil(tokens / chunk_size), or a proof's number of points is not the chunk's k'.
     """
     _check_layout(activations, chunk_size, topk)
+    parsed = _parse_sequence(activations, proofs, chunk_size, topk)
+    return _verify_parsed([activations], [parsed], chunk_size, topk, thresholds)[0]
+
+
+def verify_proofs_batch(
+    activations: Sequence[torch.Tensor],
+    proofs: Sequence[list[bytes]],
+    chunk_size: int = 32,
+    topk: int = 128,
+    thresholds: ToplocThresholds = ToplocThresholds(),
+) -> list[list[ChunkCheck]]:
+    """``verify_proofs`` for many sequences at once: one list of ``ChunkCheck`` per sequence.
+
+    Same results as ``[verify_proofs(a, p, ...) for a, p in zip(activations, proofs)]``,
+    with one top-k call per chunk length and one evaluation pass per number of points.
+    A ``ProofFormatError`` names the sequence: "sequence i: chunk j: ...".
+    """
+    if len(activations) != len(proofs):
+        raise ValueError(f"{len(activations)} activations but {len(proofs)} proof lists")
+    parsed = []
+    for i, (sequence, sequence_proofs) in enumerate(zip(activations, proofs)):
+        _check_layout(sequence, chunk_size, topk)
+        try:
+            parsed.append(_parse_sequence(sequence, sequence_proofs, chunk_size, topk))
+        except ProofFormatError as error:
+            raise ProofFormatError(f"sequence {i}: {error}") from error
+    return _verify_parsed(activations, parsed, chunk_size, topk, thresholds)
+
+
+def _parse_sequence(
+    activations: torch.Tensor, proofs: list[bytes], chunk_size: int, topk: int
+) -> list[tuple[int, np.ndarray]]:
+    """Parse one sequence's proofs, checking their count and each one's number of points."""
     tokens, hidden = activations.shape
     expected_points = chunk_points(tokens, hidden, chunk_size, topk)
     if len(proofs) != len(expected_points):
@@ -144,31 +198,42 @@ def verify_proofs(
                 f"(min(topk={topk}, values in the chunk))"
             )
         parsed.append((modulus, coeffs))
+    return parsed
 
-    checks: list[ChunkCheck] = []
+
+def _verify_parsed(
+    activations: Sequence[torch.Tensor],
+    parsed: list[list[tuple[int, np.ndarray]]],
+    chunk_size: int,
+    topk: int,
+    thresholds: ToplocThresholds,
+) -> list[list[ChunkCheck]]:
+    """Compare parsed proofs with the verifier's own top-k entries, all sequences at once."""
+    checks: list[list[ChunkCheck]] = [[] for _ in activations]
+    placed: list[tuple[int, ChunkCheck]] = []
     for group in _top_entries(activations, chunk_size, topk):
-        chunks = range(group.first_chunk, group.first_chunk + len(group.indices))
-        moduli = np.array([parsed[c][0] for c in chunks], dtype=np.int64)
-        coeffs = np.stack([parsed[c][1] for c in chunks])
-        points = group.indices % moduli[:, None]
-        claimed = np.concatenate(
-            [
-                gf.evaluate(coeffs[i : i + _CHUNKS_PER_CALL], points[i : i + _CHUNKS_PER_CALL])
-                for i in range(0, len(points), _CHUNKS_PER_CALL)
-            ]
-        )
-        checks.extend(_compare(claimed, group.bits, group.first_chunk, topk, thresholds))
+        owners = list(zip(group.sequences.tolist(), group.chunks.tolist()))
+        moduli = np.array([parsed[s][c][0] for s, c in owners], dtype=np.int64)
+        coeffs = np.stack([parsed[s][c][1] for s, c in owners])
+        claimed = gf.evaluate(coeffs, group.indices % moduli[:, None])
+        found = _compare(claimed, group.bits, group.chunks, topk, thresholds)
+        placed.extend(zip(group.sequences.tolist(), found))
+    for sequence, check in sorted(placed, key=lambda item: (item[0], item[1].chunk)):
+        checks[sequence].append(check)
     return checks
 
 
 def _compare(
     claimed: np.ndarray,
     actual: np.ndarray,
-    first_chunk: int,
+    chunks: np.ndarray,
     topk: int,
     thresholds: ToplocThresholds,
 ) -> list[ChunkCheck]:
-    """Exponent mismatches and mantissa error statistics, one row per chunk."""
+    """Exponent mismatches and mantissa error statistics, one row per chunk.
+
+    ``chunks`` holds each row's chunk index within its sequence.
+    """
     n_points = claimed.shape[1]
     exp_match = ((claimed >> 7) & 0xFF) == ((actual >> 7) & 0xFF)
     mant_err = np.abs((claimed & 0x7F) - (actual & 0x7F))
@@ -192,7 +257,7 @@ def _compare(
             and mean <= thresholds.max_mant_err_mean
             and med <= thresholds.max_mant_err_median
         )
-        checks.append(ChunkCheck(first_chunk + row, n_points, mismatches, mean, med, passed))
+        checks.append(ChunkCheck(int(chunks[row]), n_points, mismatches, mean, med, passed))
     return checks
 
 
@@ -216,17 +281,37 @@ def _check_layout(activations: torch.Tensor, chunk_size: int, topk: int) -> None
         )
 
 
-def _top_entries(activations: torch.Tensor, chunk_size: int, topk: int) -> list[_TopEntries]:
-    """Per chunk, the top-|value| positions and their bits, grouped by chunk length."""
-    _check_layout(activations, chunk_size, topk)
-    bits = activations.detach().to("cpu").contiguous().view(torch.int16).numpy()
-    tokens, hidden = bits.shape
-    n_full = tokens // chunk_size
+def _top_entries(
+    activations: Sequence[torch.Tensor], chunk_size: int, topk: int
+) -> list[_TopEntries]:
+    """Per chunk of every sequence, the top-|value| positions and their bits, grouped by
+    chunk length (full chunks of one hidden size together, short last chunks by size)."""
+    pieces: dict[int, list[tuple[int, int, np.ndarray]]] = {}
+    for sequence, tensor in enumerate(activations):
+        _check_layout(tensor, chunk_size, topk)
+        bits = tensor.detach().to("cpu").contiguous().view(torch.int16).numpy()
+        tokens, hidden = bits.shape
+        n_full = tokens // chunk_size
+        if n_full:
+            rows = bits[: n_full * chunk_size].reshape(n_full, -1)
+            pieces.setdefault(rows.shape[1], []).append((sequence, 0, rows))
+        if tokens % chunk_size:
+            rows = bits[n_full * chunk_size :].reshape(1, -1)
+            pieces.setdefault(rows.shape[1], []).append((sequence, n_full, rows))
     groups = []
-    if n_full:
-        groups.append(_select(bits[: n_full * chunk_size].reshape(n_full, -1), 0, topk))
-    if tokens % chunk_size:
-        groups.append(_select(bits[n_full * chunk_size :].reshape(1, -1), n_full, topk))
+    for n_values, parts in pieces.items():
+        chunks = parts[0][2] if len(parts) == 1 else np.concatenate([rows for *_, rows in parts])
+        indices = _select(chunks, topk)
+        owners = [(s, first + i) for s, first, rows in parts for i in range(len(rows))]
+        groups.append(
+            _TopEntries(
+                sequences=np.array([s for s, _ in owners], dtype=np.int64),
+                chunks=np.array([c for _, c in owners], dtype=np.int64),
+                n_values=n_values,
+                indices=indices,
+                bits=np.take_along_axis(chunks, indices, axis=1).view(np.uint16).astype(np.int64),
+            )
+        )
     return groups
 
 
@@ -236,27 +321,26 @@ _MAGNITUDE_MASK = 0x7FFF
 _ONE_NAN = 0x7F81
 
 
-def _select(chunks: np.ndarray, first_chunk: int, topk: int) -> _TopEntries:
-    """Top-k by |value| of each row of ``chunks`` (bf16 bits as int16 ``[n_chunks, values]``).
+def _select(chunks: np.ndarray, topk: int) -> np.ndarray:
+    """Top-k positions by |value| in each row of ``chunks`` (bf16 bits as int16, ``[n, values]``).
 
-    Picks exactly what ``torch.topk(chunk.abs(), k)`` on the bf16 chunk picks (the
-    reference's choice): the same CPU top-k runs on int16 magnitudes, whose
-    comparisons give the same answers as torch's bf16 comparator once every NaN is
-    mapped to one value above infinity (torch treats NaNs as equal to each other and
-    larger than any number). Same answers, same comparison sequence, same ties.
-    Computing |value| in numpy rather than torch keeps torch's thread pool out of it:
-    on a busy 2-core machine a parallel ``abs()`` left spinning threads that made the
-    following top-k 20x slower. For the same reason each chunk gets its own (serial)
-    top-k call: a batched call runs rows on torch's thread pool, which was 1.6x slower
-    per chunk than the loop on that machine; the loop costs microseconds per chunk.
+    Picks exactly the set ``torch.topk(chunk.abs(), k)`` on each bf16 chunk picks (the
+    reference's choice): the same CPU top-k runs on int16 magnitudes, whose comparisons
+    give the same answers as torch's bf16 comparator once every NaN is mapped to one
+    value above infinity (torch treats NaNs as equal to each other and larger than any
+    number). Same answers, same comparison sequence, same ties. A proof depends on the
+    set only, not its order, so the top-k skips its final sort (``sorted=False`` leaves
+    the selection itself unchanged), and a chunk of exactly k values takes all of them.
+
+    One batched call covers all rows: each row gets the same serial selection as a
+    call of its own. Computing |value| in numpy rather than torch keeps torch's thread
+    pool out of it: on a busy 2-core machine a parallel ``abs()`` left spinning threads
+    that made the following top-k 20x slower. With more than one torch thread the
+    batched call spreads rows over the pool; the inference worker runs with one.
     """
-    n_values = chunks.shape[1]
+    n_chunks, n_values = chunks.shape
     k = min(topk, n_values)
+    if k == n_values:
+        return np.broadcast_to(np.arange(n_values, dtype=np.int64), (n_chunks, n_values)).copy()
     magnitude = torch.from_numpy(np.minimum(chunks & _MAGNITUDE_MASK, _ONE_NAN))
-    indices = np.stack([row.topk(k).indices.numpy() for row in magnitude])
-    return _TopEntries(
-        first_chunk=first_chunk,
-        n_values=n_values,
-        indices=indices.astype(np.int64),
-        bits=np.take_along_axis(chunks, indices, axis=1).view(np.uint16).astype(np.int64),
-    )
+    return magnitude.topk(k, dim=1, sorted=False).indices.numpy()

@@ -101,6 +101,8 @@ class Trainer:
             random.seed(tc.seed)
             torch.manual_seed(tc.seed)
         self._repair_metrics(last_record)
+        if self.step < tc.steps:  # a finished run given more steps is not finished any more
+            (self.run_dir / "trainer_done.json").unlink(missing_ok=True)
         self.origin = None
         if cfg.shardcast.enabled:
             from swarmrl.shardcast.origin import Origin
@@ -111,7 +113,10 @@ class Trainer:
 
     def _publish(self, step: int) -> None:
         """Announce checkpoint `step` through the origin (idempotent for a step already listed)."""
-        if self.origin is not None and (self.origin.latest_version() or -1) < step:
+        if self.origin is None:
+            return
+        listed = self.origin.latest_version()
+        if listed is None or listed < step:
             self.origin.publish(step, checkpoint_dir(self.ckpt_root, step))
 
     def _repair_metrics(self, last_record: dict | None) -> None:
