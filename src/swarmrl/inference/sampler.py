@@ -20,6 +20,7 @@ Design choices:
 from __future__ import annotations
 
 import inspect
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 FAST_ARCHITECTURES = {"llama", "qwen2", "mistral"}
+_FAST_MODELS: "weakref.WeakKeyDictionary[torch.nn.Module, _FastLlama]" = weakref.WeakKeyDictionary()
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -89,19 +91,17 @@ def _left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torc
 
 @dataclass(frozen=True)
 class _LayerWeights:
-    """One decoder layer's tensors, pulled out of the modules once per sampling call
-    (module attribute lookups and `__call__` cost more than the math at this size)."""
+    """One decoder layer's tensors, pulled out of the modules once per model: module
+    attribute lookups and `__call__` cost more than the math at this size. The query,
+    key and value projections are stacked into one matrix, as are gate and up."""
 
     ln1: torch.Tensor
     ln1_eps: float
-    q: tuple[torch.Tensor, torch.Tensor | None]
-    k: tuple[torch.Tensor, torch.Tensor | None]
-    v: tuple[torch.Tensor, torch.Tensor | None]
+    qkv: tuple[torch.Tensor, torch.Tensor | None]
     o: tuple[torch.Tensor, torch.Tensor | None]
     ln2: torch.Tensor
     ln2_eps: float
-    gate: tuple[torch.Tensor, torch.Tensor | None]
-    up: tuple[torch.Tensor, torch.Tensor | None]
+    gate_up: tuple[torch.Tensor, torch.Tensor | None]
     down: tuple[torch.Tensor, torch.Tensor | None]
 
 
@@ -109,29 +109,49 @@ def _wb(linear: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     return linear.weight, linear.bias
 
 
+def _stacked(*linears: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    weight = torch.cat([lin.weight for lin in linears])
+    biases = [lin.bias for lin in linears]
+    if all(b is None for b in biases):
+        return weight, None
+    return weight, torch.cat([b if b is not None else torch.zeros(lin.weight.shape[0], dtype=weight.dtype)
+                              for b, lin in zip(biases, linears)])
+
+
 class _FastLlama:
     """Static-cache decoder over a Llama-family model's own weights."""
 
     def __init__(self, model: torch.nn.Module) -> None:
+        # No reference to `model` itself: this object is cached per model in a weak
+        # dictionary and must not keep its key alive.
         cfg = model.config
-        self.model = model
-        self.base = model.model
+        base = model.model
+        self.rotary_emb = base.rotary_emb
+        self.lm_head = _wb(model.lm_head)
+        self.params = list(model.parameters())
         self.layers = [
             _LayerWeights(
                 ln1=layer.input_layernorm.weight, ln1_eps=layer.input_layernorm.variance_epsilon,
-                q=_wb(layer.self_attn.q_proj), k=_wb(layer.self_attn.k_proj), v=_wb(layer.self_attn.v_proj),
+                qkv=_stacked(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
                 o=_wb(layer.self_attn.o_proj),
                 ln2=layer.post_attention_layernorm.weight, ln2_eps=layer.post_attention_layernorm.variance_epsilon,
-                gate=_wb(layer.mlp.gate_proj), up=_wb(layer.mlp.up_proj), down=_wb(layer.mlp.down_proj),
+                gate_up=_stacked(layer.mlp.gate_proj, layer.mlp.up_proj), down=_wb(layer.mlp.down_proj),
             )
-            for layer in self.base.layers
+            for layer in base.layers
         ]
-        self.embed = self.base.embed_tokens.weight
-        self.final_norm = (self.base.norm.weight, self.base.norm.variance_epsilon)
+        self.embed = base.embed_tokens.weight
+        self.final_norm = (base.norm.weight, base.norm.variance_epsilon)
         self.n_heads = cfg.num_attention_heads
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.intermediate = base.layers[0].mlp.gate_proj.weight.shape[0]
         self.scale = self.head_dim**-0.5
+        self.versions = self._weight_versions()
+
+    def _weight_versions(self) -> tuple[int, ...]:
+        # In-place updates (an optimizer step) bump a tensor's version: the stacked
+        # copies are then stale and must be rebuilt.
+        return tuple(p._version for p in self.params)
 
     @staticmethod
     def _rms(weight: torch.Tensor, eps: float, x: torch.Tensor) -> torch.Tensor:
@@ -140,40 +160,45 @@ class _FastLlama:
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
         return weight * xf.to(x.dtype)
 
-    @staticmethod
-    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+    def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sign-folded sin per position ([B, 1, T, D]): rotate_half(x) * sin
+        equals roll(x, D/2) * sin_signed, one op fewer per application."""
+        probe = torch.empty(1, dtype=dtype)
+        cos, sin = self.rotary_emb(probe, positions)
+        half = sin.shape[-1] // 2
+        signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        return cos.unsqueeze(1), signed.unsqueeze(1)
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, attn_mask: torch.Tensor,
+    @staticmethod
+    def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+        return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin_signed
+
+    def forward(self, ids: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], attn_mask: torch.Tensor | None,
                 cache: list[tuple[torch.Tensor, torch.Tensor]], start: int) -> torch.Tensor:
         """Run `ids` [B, T] at cache slots start..start+T; return final-norm states [B, T, H]."""
         x = F.embedding(ids, self.embed)
-        cos, sin = self.base.rotary_emb(x, positions)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        cos, sin = rotary
         b, t, _ = x.shape
         end = start + t
-        gqa = self.n_kv != self.n_heads
+        nq, nkv, hd = self.n_heads, self.n_kv, self.head_dim
+        gqa = nkv != nq
         for w, (k_cache, v_cache) in zip(self.layers, cache):
             h = self._rms(w.ln1, w.ln1_eps, x)
-            q = F.linear(h, *w.q).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-            k = F.linear(h, *w.k).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-            v = F.linear(h, *w.v).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-            k_cache[:, :, start:end] = self._rope(k, cos, sin)
-            v_cache[:, :, start:end] = v
+            qkv = F.linear(h, *w.qkv).view(b, t, nq + 2 * nkv, hd).transpose(1, 2)
+            qk = self._rope(qkv[:, : nq + nkv], cos, sin)  # one rotary pass for queries and keys
+            k_cache[:, :, start:end] = qk[:, nq:]
+            v_cache[:, :, start:end] = qkv[:, nq + nkv :]
             out = F.scaled_dot_product_attention(
-                self._rope(q, cos, sin), k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=attn_mask,
-                scale=self.scale, enable_gqa=gqa,
+                qk[:, :nq], k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=attn_mask, scale=self.scale, enable_gqa=gqa,
             )
             x = x + F.linear(out.transpose(1, 2).reshape(b, t, -1), *w.o)
             h = self._rms(w.ln2, w.ln2_eps, x)
-            x = x + F.linear(F.silu(F.linear(h, *w.gate)) * F.linear(h, *w.up), *w.down)
+            gate, up = F.linear(h, *w.gate_up).split(self.intermediate, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, *w.down)
         return self._rms(*self.final_norm, x)
 
     def sample(self, prompts: list[list[int]], seeds: np.ndarray, params: SamplingParams,
                pad_id: int, capture_hidden: bool) -> list[Generation]:
-        model = self.model
         n = len(prompts)
         # GRPO samples a prompt G times: prefill each distinct prompt once, then copy its
         # cache rows to every sample of the group.
@@ -182,7 +207,7 @@ class _FastLlama:
         ids, prompt_mask = _left_pad([list(p) for p in distinct], pad_id)
         width = ids.shape[1]
         total = width + params.max_new_tokens
-        dtype = self.base.embed_tokens.weight.dtype
+        dtype = self.embed.dtype
         positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
         causal = torch.ones(width, width, dtype=torch.bool).tril()
         mask = causal.unsqueeze(0) & prompt_mask.unsqueeze(1)
@@ -193,8 +218,11 @@ class _FastLlama:
              torch.empty(len(distinct), self.n_kv, width, self.head_dim, dtype=dtype))
             for _ in self.layers
         ]
-        hidden = self.forward(ids, positions, mask.unsqueeze(1), prefill_cache, 0)[:, -1][owner]
-        lm_head = _wb(model.lm_head)
+        hidden = self.forward(ids, self.rotary(positions, dtype), mask.unsqueeze(1), prefill_cache, 0)[:, -1][owner]
+        # Rotary tables for every decode position, computed once: position p is row p.
+        max_pos = int(positions.max()) + 1 + params.max_new_tokens
+        cos_all, sin_all = self.rotary(torch.arange(max_pos).unsqueeze(0), dtype)
+        lm_head = self.lm_head
         cache = []
         for k_pre, v_pre in prefill_cache:
             k = torch.empty(n, self.n_kv, total, self.head_dim, dtype=dtype)
@@ -253,7 +281,8 @@ class _FastLlama:
             # no padding at all there is nothing to mask. (A contiguous mask is much
             # faster in the CPU attention kernel than a strided view.)
             step_mask = None if no_padding else key_ok[:, : slot + 1].contiguous().view(len(active), 1, 1, slot + 1)
-            hidden = self.forward(tok.unsqueeze(-1), next_pos.unsqueeze(-1), step_mask, cache, slot)[:, -1]
+            rotary = (cos_all[0, 0, next_pos].unsqueeze(1).unsqueeze(1), sin_all[0, 0, next_pos].unsqueeze(1).unsqueeze(1))
+            hidden = self.forward(tok.unsqueeze(-1), rotary, step_mask, cache, slot)[:, -1]
             next_pos = next_pos + 1
         flush(torch.arange(len(active)))
         # A completion ends at its first EOS, or at the limit (or wherever the loop stopped).
@@ -334,5 +363,8 @@ def sample(model: torch.nn.Module, prompts: list[list[int]], seeds: list[int] | 
         raise ValueError(f"need one seed per prompt: {len(prompts)} prompts, {seeds.shape} seeds")
     use_fast = supports_fast_path(model) if fast is None else fast
     if use_fast:
-        return _FastLlama(model).sample(prompts, seeds, params, pad_id, capture_hidden)
+        fast_model = _FAST_MODELS.get(model)
+        if fast_model is None or fast_model.versions != fast_model._weight_versions():
+            fast_model = _FAST_MODELS[model] = _FastLlama(model)
+        return fast_model.sample(prompts, seeds, params, pad_id, capture_hidden)
     return _generic_sample(model, prompts, seeds, params, pad_id, capture_hidden)

@@ -548,7 +548,8 @@ def download_file(
     """Fetch every shard not in ``done`` into the single file ``archive`` and check its BLAKE3."""
     stats = stats or TransferStats()
     chooser = ServerChooser(list(source.servers))
-    probe_servers(chooser, timeout)
+    if len(source.servers) > 1:  # with one server there is nothing to choose: skip the probe download
+        probe_servers(chooser, timeout)
 
     def target(index: int) -> tuple[Path, int]:
         # without a manifest shard 1 is fetched alone first and fixes the shard size
