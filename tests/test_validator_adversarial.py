@@ -34,7 +34,7 @@ from swarmrl.rewards import group_advantages, has_signal, score_sample
 from swarmrl.rollouts import RolloutMeta, read_rollouts, write_rollouts
 from swarmrl.tasks.base import Problem
 from swarmrl.tasks.registry import build_task
-from swarmrl.toploc import build_proofs, bytes_to_proofs, encode_proof, proofs_to_bytes
+from swarmrl.toploc import build_proofs, encode_proof, proofs_to_bytes
 from swarmrl.validator import cli as validator_cli
 from swarmrl.validator import validate_file, validate_rollouts
 from swarmrl.validator.prefill import recompute

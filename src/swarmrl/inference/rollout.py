@@ -6,10 +6,9 @@ the rollout file's columns. The worker process (`worker.py`) does the I/O around
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
-import numpy as np
-import torch
 
 from swarmrl.assignment import Assignment
 from swarmrl.inference.sampler import Generation, SamplingParams, sample
@@ -36,8 +35,6 @@ def completion_text(tokenizer, tokens: list[int], eos_id: int) -> str:
 def generate_rollouts(model, tokenizer, task: Task, assignment: Assignment, params: SamplingParams,
                       policy_step: int, length_penalty: float, capture_hidden: bool = True) -> RolloutBatch:
     """Generate G samples for every assigned prompt and score them."""
-    import time
-
     problems = [task.train_problem(i) for i in assignment.problem_indices]
     prompts, seeds, owners = [], [], []
     for p_idx, (problem, target) in enumerate(zip(problems, assignment.target_lengths)):

@@ -24,6 +24,7 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -78,7 +79,7 @@ def next_counter(folder: Path, address: str) -> int:
 
 
 def choose_step(trainer_step: int, policy_step: int, async_level: int, total_steps: int,
-                usable: callable, needed: int) -> int | None:
+                usable: Callable[[int], int], needed: int) -> int | None:
     """Lowest step in [trainer_step, policy_step + async_level] still short of samples."""
     for step in range(trainer_step, min(policy_step + async_level, total_steps - 1) + 1):
         if usable(step) < needed:
@@ -118,7 +119,7 @@ class PolicySource:
         return policy
 
 
-def run_worker(cfg: RunConfig, address: str, stop_after_files: int | None = None) -> int:
+def run_worker(cfg: RunConfig, address: str) -> int:
     """Run until the trainer is done; returns the number of rollout files written."""
     torch.set_num_threads(cfg.worker.threads)
     run_dir = cfg.run_dir
@@ -174,5 +175,3 @@ def run_worker(cfg: RunConfig, address: str, stop_after_files: int | None = None
                                  "gen_seconds": round(batch.gen_seconds, 4), "gen_tokens": batch.gen_tokens,
                                  "proof_seconds": round(batch.proof_seconds, 4),
                                  "nonzero": batch.num_nonzero}) + "\n")
-        if stop_after_files is not None and written >= stop_after_files:
-            return written
