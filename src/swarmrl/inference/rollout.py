@@ -14,7 +14,7 @@ from swarmrl.assignment import Assignment
 from swarmrl.inference.sampler import Generation, SamplingParams, sample
 from swarmrl.rewards import group_advantages, has_signal, score_sample
 from swarmrl.tasks.base import Task
-from swarmrl.toploc import build_proofs, proofs_to_bytes
+from swarmrl.toploc import build_proofs_batch
 
 
 @dataclass
@@ -51,7 +51,8 @@ def generate_rollouts(model, tokenizer, task: Task, assignment: Assignment, para
         "problem_id", "input_tokens", "output_tokens", "output_logprobs", "rewards", "task_rewards",
         "length_penalties", "advantages", "target_lengths", "policy_step", "seed", "proofs")}
     proof_start = time.perf_counter()
-    proofs = [proofs_to_bytes(build_proofs(g.hidden)) if g.hidden is not None else b"" for g in gens]
+    # One batched call for the whole file: several times cheaper than per sequence.
+    proofs = [b"".join(p) for p in build_proofs_batch([g.hidden for g in gens])] if capture_hidden else [b""] * len(gens)
     proof_seconds = time.perf_counter() - proof_start
     rewards = []
     for gen, p_idx, prompt, seed, proof in zip(gens, owners, prompts, seeds, proofs):

@@ -209,15 +209,22 @@ def _verify_parsed(
     thresholds: ToplocThresholds,
 ) -> list[list[ChunkCheck]]:
     """Compare parsed proofs with the verifier's own top-k entries, all sequences at once."""
-    checks: list[list[ChunkCheck]] = [[] for _ in activations]
-    placed: list[tuple[int, ChunkCheck]] = []
+    by_points: dict[int, list[_TopEntries]] = {}
     for group in _top_entries(activations, chunk_size, topk):
-        owners = list(zip(group.sequences.tolist(), group.chunks.tolist()))
+        by_points.setdefault(group.indices.shape[1], []).append(group)
+    placed: list[tuple[int, ChunkCheck]] = []
+    for groups in by_points.values():
+        sequences = np.concatenate([g.sequences for g in groups])
+        chunks = np.concatenate([g.chunks for g in groups])
+        owners = list(zip(sequences.tolist(), chunks.tolist()))
         moduli = np.array([parsed[s][c][0] for s, c in owners], dtype=np.int64)
         coeffs = np.stack([parsed[s][c][1] for s, c in owners])
-        claimed = gf.evaluate(coeffs, group.indices % moduli[:, None])
-        found = _compare(claimed, group.bits, group.chunks, topk, thresholds)
-        placed.extend(zip(group.sequences.tolist(), found))
+        indices = np.concatenate([g.indices for g in groups])
+        claimed = gf.evaluate(coeffs, indices % moduli[:, None])
+        actual = np.concatenate([g.bits for g in groups])
+        found = _compare(claimed, actual, chunks, topk, thresholds)
+        placed.extend(zip(sequences.tolist(), found))
+    checks: list[list[ChunkCheck]] = [[] for _ in activations]
     for sequence, check in sorted(placed, key=lambda item: (item[0], item[1].chunk)):
         checks[sequence].append(check)
     return checks
@@ -286,30 +293,55 @@ def _top_entries(
 ) -> list[_TopEntries]:
     """Per chunk of every sequence, the top-|value| positions and their bits, grouped by
     chunk length (full chunks of one hidden size together, short last chunks by size)."""
-    pieces: dict[int, list[tuple[int, int, np.ndarray]]] = {}
+    by_hidden: dict[int, list[int]] = {}
     for sequence, tensor in enumerate(activations):
         _check_layout(tensor, chunk_size, topk)
-        bits = tensor.detach().to("cpu").contiguous().view(torch.int16).numpy()
-        tokens, hidden = bits.shape
-        n_full = tokens // chunk_size
-        if n_full:
-            rows = bits[: n_full * chunk_size].reshape(n_full, -1)
-            pieces.setdefault(rows.shape[1], []).append((sequence, 0, rows))
-        if tokens % chunk_size:
-            rows = bits[n_full * chunk_size :].reshape(1, -1)
-            pieces.setdefault(rows.shape[1], []).append((sequence, n_full, rows))
+        by_hidden.setdefault(tensor.shape[1], []).append(sequence)
     groups = []
-    for n_values, parts in pieces.items():
-        chunks = parts[0][2] if len(parts) == 1 else np.concatenate([rows for *_, rows in parts])
+    for members in by_hidden.values():
+        tensors = [activations[i] for i in members]
+        groups.extend(_same_width_entries(tensors, np.array(members), chunk_size, topk))
+    return groups
+
+
+def _same_width_entries(
+    tensors: list[torch.Tensor], sequences: np.ndarray, chunk_size: int, topk: int
+) -> list[_TopEntries]:
+    """``_top_entries`` for sequences of one hidden size, stacked into one array of rows.
+
+    One conversion and one magnitude pass for all sequences; each group of equal-length
+    chunks is then a row gather (or a view, for a lone chunk) of the stacked magnitudes.
+    """
+    bits = torch.cat([t.detach().cpu() for t in tensors]).view(torch.int16).numpy()
+    hidden = bits.shape[1]
+    magnitude = _magnitude(bits)
+    lengths = np.array([len(t) for t in tensors])
+    starts = np.cumsum(lengths) - lengths
+    n_full, tail = lengths // chunk_size, lengths % chunk_size
+
+    # (rows per chunk, position in `tensors`, chunk index, first row) of each group.
+    owner = np.repeat(np.arange(len(tensors)), n_full)
+    index = np.arange(len(owner)) - np.repeat(np.cumsum(n_full) - n_full, n_full)
+    layout = [(chunk_size, owner, index, starts[owner] + index * chunk_size)] if len(owner) else []
+    for rows in np.unique(tail[tail > 0]).tolist():
+        owner = np.flatnonzero(tail == rows)
+        layout.append((rows, owner, n_full[owner], starts[owner] + n_full[owner] * chunk_size))
+
+    groups = []
+    for rows, owner, index, first_row in layout:
+        if len(first_row) == 1:
+            chunks = magnitude[first_row[0] : first_row[0] + rows].reshape(1, -1)
+        else:
+            chunks = magnitude[first_row[:, None] + np.arange(rows)].reshape(len(first_row), -1)
         indices = _select(chunks, topk)
-        owners = [(s, first + i) for s, first, rows in parts for i in range(len(rows))]
+        positions = first_row[:, None] * hidden + indices  # into the flattened rows
         groups.append(
             _TopEntries(
-                sequences=np.array([s for s, _ in owners], dtype=np.int64),
-                chunks=np.array([c for _, c in owners], dtype=np.int64),
-                n_values=n_values,
+                sequences=sequences[owner],
+                chunks=index,
+                n_values=rows * hidden,
                 indices=indices,
-                bits=np.take_along_axis(chunks, indices, axis=1).view(np.uint16).astype(np.int64),
+                bits=bits.reshape(-1)[positions].view(np.uint16).astype(np.int64),
             )
         )
     return groups
@@ -321,26 +353,33 @@ _MAGNITUDE_MASK = 0x7FFF
 _ONE_NAN = 0x7F81
 
 
-def _select(chunks: np.ndarray, topk: int) -> np.ndarray:
-    """Top-k positions by |value| in each row of ``chunks`` (bf16 bits as int16, ``[n, values]``).
+def _magnitude(bits: np.ndarray) -> np.ndarray:
+    """int16 keys whose order is torch's order of the bf16 |values| (``bits``: int16).
+
+    Clearing the sign gives |value|'s bits; every NaN maps to one value above infinity,
+    because torch's comparator treats NaNs as equal to each other and larger than any
+    number. Computed in numpy rather than torch to keep torch's thread pool out of it:
+    on a busy 2-core machine a parallel ``abs()`` left spinning threads that made the
+    following top-k 20x slower.
+    """
+    magnitude = bits & _MAGNITUDE_MASK
+    return np.minimum(magnitude, _ONE_NAN, out=magnitude)
+
+
+def _select(magnitude: np.ndarray, topk: int) -> np.ndarray:
+    """Top-k positions in each row of ``magnitude`` (``_magnitude`` keys, ``[n, values]``).
 
     Picks exactly the set ``torch.topk(chunk.abs(), k)`` on each bf16 chunk picks (the
-    reference's choice): the same CPU top-k runs on int16 magnitudes, whose comparisons
-    give the same answers as torch's bf16 comparator once every NaN is mapped to one
-    value above infinity (torch treats NaNs as equal to each other and larger than any
-    number). Same answers, same comparison sequence, same ties. A proof depends on the
-    set only, not its order, so the top-k skips its final sort (``sorted=False`` leaves
-    the selection itself unchanged), and a chunk of exactly k values takes all of them.
-
-    One batched call covers all rows: each row gets the same serial selection as a
-    call of its own. Computing |value| in numpy rather than torch keeps torch's thread
-    pool out of it: on a busy 2-core machine a parallel ``abs()`` left spinning threads
-    that made the following top-k 20x slower. With more than one torch thread the
-    batched call spreads rows over the pool; the inference worker runs with one.
+    reference's choice): the same CPU top-k runs on keys whose comparisons give the
+    same answers as torch's bf16 comparator. Same answers, same comparison sequence,
+    same ties. A proof depends on the set only, not its order, so the top-k skips its
+    final sort (``sorted=False`` leaves the selection itself unchanged), and a chunk of
+    exactly k values takes all of them. One batched call covers all rows: each row gets
+    the same serial selection as a call of its own. With more than one torch thread the
+    call spreads rows over the pool; the inference worker runs with one.
     """
-    n_chunks, n_values = chunks.shape
+    n_chunks, n_values = magnitude.shape
     k = min(topk, n_values)
     if k == n_values:
         return np.broadcast_to(np.arange(n_values, dtype=np.int64), (n_chunks, n_values)).copy()
-    magnitude = torch.from_numpy(np.minimum(chunks & _MAGNITUDE_MASK, _ONE_NAN))
-    return magnitude.topk(k, dim=1, sorted=False).indices.numpy()
+    return torch.from_numpy(magnitude).topk(k, dim=1, sorted=False).indices.numpy()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from swarmrl.rewards import group_advantages, has_signal, length_penalty
-from swarmrl.toploc import ToplocThresholds, verify_proofs
+from swarmrl.toploc import ToplocThresholds, verify_proofs_batch
 from swarmrl.validator.prefill import TokenStats
 from swarmrl.validator.sampling_test import ReplayResult, SamplingStatistics
 
@@ -175,8 +175,7 @@ def check_toploc(hidden: list, proofs: list[list[bytes]], thresholds: ToplocThre
     """TOPLOC: each sample's proofs against the validator's own bf16 hidden states."""
     failures = []
     worst = [0, 0.0, 0.0]
-    for i, (h, p) in enumerate(zip(hidden, proofs)):
-        chunks = verify_proofs(h, p, thresholds=thresholds)
+    for i, chunks in enumerate(verify_proofs_batch(hidden, proofs, thresholds=thresholds)):
         for c in chunks:
             worst = [max(worst[0], c.exp_mismatches), max(worst[1], c.mant_err_mean), max(worst[2], c.mant_err_median)]
         bad = [c for c in chunks if not c.passed]
