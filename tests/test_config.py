@@ -55,3 +55,23 @@ def test_help_documents_every_field():
     for flag in ("--trainer.lr", "--async_level", "--task.target_lengths", "--sampling.temperature", "--worker.count"):
         assert flag in text
     assert "AdamW learning rate" in text
+
+
+def test_user_task_files_build_from_config(tmp_path):
+    """The math and code tasks load the user's files through the config, with a held-out
+    tail or a separate eval file."""
+    from pathlib import Path
+
+    from swarmrl.tasks.registry import build_task
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    math = build_task(load_config(examples / "math.toml").task)
+    assert len(math.eval_problems()) == 4 and math.num_train() >= 10
+    eval_file = tmp_path / "held.jsonl"
+    eval_file.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+2?", "answer": "4"}\n')
+    cfg = load_config(overrides={"task.name": "math", "task.path": str(examples / "math_problems.jsonl"),
+                                 "task.eval_path": str(eval_file)})
+    task = build_task(cfg.task)
+    assert [p.answer for p in task.eval_problems()] == ["2", "4"]
+    code = build_task(load_config(examples / "code.toml").task)
+    assert len(code.eval_problems()) == 2

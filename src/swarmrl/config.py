@@ -29,7 +29,7 @@ class TaskConfig(_Section):
     name: Literal["arithmetic", "math", "code"] = Field("arithmetic", description="task: arithmetic (embedded), math (\\boxed{} answers, math-verify) or code (tests in a sandbox)")
     path: str | None = Field(None, description="JSONL or Parquet file of problems (math and code tasks)")
     eval_path: str | None = Field(None, description="separate held-out file (math and code); default: a held-out tail of `path`")
-    eval_size: int = Field(256, ge=1, description="held-out problems to evaluate on")
+    eval_size: int = Field(256, ge=1, description="held-out problems to evaluate on (math and code: the last eval_size problems of `path`; ignored when eval_path is given)")
     target_lengths: list[int] = Field([32, 40], description="target completion lengths (tokens), one sampled per prompt and written into it; empty = no length target")
     length_penalty: float = Field(0.03, ge=0, description="alpha in reward = task reward - alpha*|target - length| (paper: 3e-4 for thousands of tokens)")
 

@@ -14,12 +14,15 @@ def build_task(cfg: TaskConfig) -> Task:
         from swarmrl.tasks.arithmetic import ArithmeticTask
 
         return ArithmeticTask(eval_size=cfg.eval_size)
+    # With a separate eval file, all of it is the held-out split: eval_size does not apply.
+    eval_path = Path(cfg.eval_path) if cfg.eval_path else None
+    eval_size = None if eval_path else cfg.eval_size
     if cfg.name == "math":
         from swarmrl.tasks.math import MathTask
 
-        return MathTask(Path(cfg.path), eval_path=Path(cfg.eval_path) if cfg.eval_path else None, eval_size=cfg.eval_size)
+        return MathTask(Path(cfg.path), eval_path=eval_path, eval_size=eval_size)
     if cfg.name == "code":
         from swarmrl.tasks.code import CodeTask
 
-        return CodeTask(Path(cfg.path), eval_path=Path(cfg.eval_path) if cfg.eval_path else None, eval_size=cfg.eval_size)
+        return CodeTask(Path(cfg.path), eval_path=eval_path, eval_size=eval_size)
     raise ValueError(f"unknown task {cfg.name!r}")
