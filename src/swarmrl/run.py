@@ -48,6 +48,8 @@ def resolve_start_model(cfg: RunConfig, console: Console) -> Path:
 
         def report(step: int, total: int, loss: float) -> None:
             progress.update(bar, completed=step, total=total, loss=loss)
+            if not console.is_terminal and (step % 100 == 0 or step == total):
+                console.print(f"warm start {step}/{total} loss {loss:.3f}")
 
         return ensure_default_model(Path(cfg.model.cache_dir) if cfg.model.cache_dir else None, progress=report)
 
@@ -146,6 +148,7 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
         with Progress(TextColumn("[bold]GRPO"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
                       TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console) as progress:
             bar = progress.add_task("train", total=cfg.trainer.steps, info="waiting for the first rollouts")
+            shown_step = -1
             while True:
                 for name, proc in procs.items():
                     code = proc.poll()
@@ -157,10 +160,14 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
                 records = read_metrics(metrics_path)
                 if records:
                     last = records[-1]
-                    progress.update(bar, completed=last["step"] + 1, info=(
-                        f"reward {last['reward']:+.3f} task {last['task_reward']:.3f} |len err| {last['length_error']:.1f} "
-                        f"grad {last['grad_norm']:.3f} clip {last['clip_ratio']:.3f} stale {last['staleness_mean']:.2f} "
-                        f"wait {last['wait_seconds']:.1f}s"))
+                    info = (f"reward {last['reward']:+.3f} task {last['task_reward']:.3f} |len err| {last['length_error']:.1f} "
+                            f"grad {last['grad_norm']:.3f} clip {last['clip_ratio']:.3f} stale {last['staleness_mean']:.2f} "
+                            f"wait {last['wait_seconds']:.1f}s")
+                    progress.update(bar, completed=last["step"] + 1, info=info)
+                    if not console.is_terminal and last["step"] > shown_step:
+                        # No live bar in a log file: one line per step instead.
+                        console.print(f"step {last['step'] + 1}/{cfg.trainer.steps} {info}")
+                        shown_step = last["step"]
                 if name is not None:
                     if code != 0:
                         raise SwarmError(f"{name} exited with code {code}; last lines of {logs / (name + '.log')}:\n"
