@@ -73,6 +73,34 @@ def load_rows(path: str | Path, fields: Mapping[str, Field]) -> list[dict[str, o
     return [_validate(record, where, fields) for where, record in records]
 
 
+@dataclass(frozen=True)
+class ProblemSplit:
+    """A file-backed task's train and held-out problems, indexed as the Task protocol asks."""
+
+    train: list[Problem]
+    held_out: list[Problem]
+
+    def num_train(self) -> int:
+        return len(self.train)
+
+    def train_problem(self, index: int) -> Problem:
+        if not 0 <= index < len(self.train):
+            raise IndexError(f"train index {index} out of range [0, {len(self.train)})")
+        return self.train[index]
+
+    def eval_problems(self) -> list[Problem]:
+        return list(self.held_out)
+
+
+def prompt_with_target(question: str, instruction: str, target_length: int | None) -> str:
+    """The question and the answer-format instruction, preceded by the paper's length
+    instruction when there is a target."""
+    lines = [question, instruction]
+    if target_length is not None:
+        lines.insert(0, f"Think for {target_length} tokens before giving a response.")
+    return "\n".join(lines)
+
+
 def load_problems(
     path: str | Path,
     *,
@@ -80,8 +108,8 @@ def load_problems(
     eval_size: int | None,
     fields: Mapping[str, Field],
     make_problem: Callable[[dict[str, object], str], Problem],
-) -> tuple[list[Problem], list[Problem]]:
-    """(train, eval) problems from a training file and an optional eval file.
+) -> ProblemSplit:
+    """Train and eval problems from a training file and an optional eval file.
 
     `make_problem(row, default_id)` turns a validated row into a Problem; the default
     id is `<file stem>-<position in the file, from 0>`, for rows without an `id`.
@@ -123,7 +151,7 @@ def load_problems(
                     + (f" and {eval_path}" if eval_path is not None else "")
                 )
             seen[problem.problem_id] = f"{split} split"
-    return train, held_out
+    return ProblemSplit(train, held_out)
 
 
 def _problems(

@@ -37,7 +37,7 @@ import weakref
 from pathlib import Path
 
 from swarmrl.tasks.base import Problem
-from swarmrl.tasks.loading import Field, load_problems
+from swarmrl.tasks.loading import Field, load_problems, prompt_with_target
 
 logger = logging.getLogger(__name__)
 
@@ -88,26 +88,21 @@ class MathTask:
                 f"verify_timeout_s must be a whole number of seconds >= 1, got {verify_timeout_s}"
             )
         self.verify_timeout_s = verify_timeout_s
-        self._train, self._eval = load_problems(
+        self._split = load_problems(
             path, eval_path=eval_path, eval_size=eval_size, fields=FIELDS, make_problem=_make_problem
         )
 
     def num_train(self) -> int:
-        return len(self._train)
+        return self._split.num_train()
 
     def train_problem(self, index: int) -> Problem:
-        if not 0 <= index < len(self._train):
-            raise IndexError(f"train index {index} out of range [0, {len(self._train)})")
-        return self._train[index]
+        return self._split.train_problem(index)
 
     def eval_problems(self) -> list[Problem]:
-        return list(self._eval)
+        return self._split.eval_problems()
 
     def render_prompt(self, problem: Problem, target_length: int | None) -> str:
-        lines = [problem.question, INSTRUCTION]
-        if target_length is not None:
-            lines.insert(0, f"Think for {target_length} tokens before giving a response.")
-        return "\n".join(lines)
+        return prompt_with_target(problem.question, INSTRUCTION, target_length)
 
     def score(self, problem: Problem, completion: str) -> float:
         candidate = last_boxed(completion)
