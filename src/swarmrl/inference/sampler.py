@@ -345,7 +345,9 @@ def supports_fast_path(model: torch.nn.Module) -> bool:
     cfg = model.config
     return (
         cfg.model_type in FAST_ARCHITECTURES
-        and not getattr(cfg, "use_sliding_window", False)
+        # The fast path attends to every earlier token: a model with an active sliding
+        # window (Mistral's default) takes the generic path.
+        and not (getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True))
         and getattr(cfg, "hidden_act", "silu") == "silu"
         and hasattr(model, "model") and hasattr(model.model, "rotary_emb")
     )
