@@ -23,9 +23,14 @@ class Assignment:
     sample_seeds: list[list[int]]  # [prompt][sample]
 
 
-def assignment_seed(run_seed: int, worker_address: str, step: int, counter: int) -> int:
-    text = f"swarmrl-assignment|{run_seed}|{worker_address}|{step}|{counter}"
+def stable_hash(text: str) -> int:
+    """A 64-bit integer from text, the same in every process and on every machine
+    (unlike Python's salted `hash`)."""
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+def assignment_seed(run_seed: int, worker_address: str, step: int, counter: int) -> int:
+    return stable_hash(f"swarmrl-assignment|{run_seed}|{worker_address}|{step}|{counter}")
 
 
 def assign(run_seed: int, worker_address: str, step: int, counter: int, *, num_problems: int,

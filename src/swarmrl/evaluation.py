@@ -7,20 +7,16 @@ the same prompts and randomness.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
 
+from swarmrl.assignment import stable_hash
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import RunConfig
 from swarmrl.inference.rollout import completion_text
 from swarmrl.inference.sampler import SamplingParams, sample
 from swarmrl.tasks.base import Task
-
-
-def _stable(text: str) -> int:
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
 
 
 def evaluate(model_dir: Path, task: Task, cfg: RunConfig, batch_size: int = 256) -> dict:
@@ -32,9 +28,9 @@ def evaluate(model_dir: Path, task: Task, cfg: RunConfig, batch_size: int = 256)
     correct, errors, lengths = [], [], []
     for start in range(0, len(problems), batch_size):
         chunk = problems[start:start + batch_size]
-        chunk_targets = [targets[_stable("target|" + p.problem_id) % len(targets)] if targets else None for p in chunk]
+        chunk_targets = [targets[stable_hash("target|" + p.problem_id) % len(targets)] if targets else None for p in chunk]
         prompts = [tok(task.render_prompt(p, t))["input_ids"] for p, t in zip(chunk, chunk_targets)]
-        seeds = [_stable("eval|" + p.problem_id) >> 1 for p in chunk]
+        seeds = [stable_hash("eval|" + p.problem_id) >> 1 for p in chunk]
         gens = sample(model, prompts, seeds, params, pad_id=tok.pad_token_id, capture_hidden=False)
         for problem, target, gen in zip(chunk, chunk_targets, gens):
             correct.append(task.score(problem, completion_text(tok, gen.tokens, tok.eos_token_id)))

@@ -19,7 +19,6 @@ starts, so the choice of restating or not sits next to what it should depend on.
 from __future__ import annotations
 
 import bisect
-import hashlib
 import random
 
 from swarmrl.tasks.base import Problem
@@ -27,10 +26,6 @@ from swarmrl.tasks.base import Problem
 LOW, HIGH = 100, 999
 SPAN = HIGH - LOW + 1
 DIGITS = 3
-
-
-def _stable_int(text: str) -> int:
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
 
 
 def worked_solution(a: int, b: int, *, drop_carries: list[bool] | None = None, verbose: bool = False) -> str:
@@ -112,7 +107,3 @@ class ArithmeticTask:
         drops = [rng.random() < carry_drop for _ in range(DIGITS)]
         return worked_solution(a, b, drop_carries=drops, verbose=rng.random() < verbose_prob)
 
-
-def target_for(problem_id: str, choices: list[int], salt: str = "") -> int:
-    """A deterministic target length for a problem (used for evaluation)."""
-    return choices[_stable_int(problem_id + salt) % len(choices)]

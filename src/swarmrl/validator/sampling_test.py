@@ -24,12 +24,12 @@ Z), so the false-reject rate of the pair is at most 2·alpha per file.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from swarmrl.assignment import stable_hash
 from swarmrl.inference.sampler import uniforms
 from swarmrl.validator.prefill import TokenStats
 
@@ -60,8 +60,7 @@ def replay(stats: TokenStats, seed: int, tolerance: float) -> ReplayResult:
 
 def _validator_uniforms(seed: int, n_tokens: int) -> np.ndarray:
     """Uniforms independent of the sampler's, for randomizing the discrete PIT."""
-    salted = int.from_bytes(hashlib.sha256(f"swarmrl-pit|{seed}".encode()).digest()[:8], "big")
-    return sample_uniforms(salted, n_tokens)
+    return sample_uniforms(stable_hash(f"swarmrl-pit|{seed}"), n_tokens)
 
 
 def pit_values(stats: TokenStats, seed: int) -> np.ndarray:
