@@ -18,7 +18,9 @@ The sandbox, per run:
 - environment: only `PATH=/usr/bin:/bin`; stdin is /dev/null; stdout and stderr are
   captured together, keeping the last `MAX_OUTPUT_BYTES` (for diagnostics only);
 - resource limits, set before any solution code runs, soft and hard alike so they cannot
-  be raised: address space `memory_limit_mb`; CPU time ceil(`time_limit_s`) seconds;
+  be raised: address space `memory_limit_mb`; CPU time ceil(`time_limit_s`) + 1 seconds
+  (a backstop: the wall-clock kill below normally comes first; the kernel's SIGKILL at
+  this limit also counts as a time-out);
   each written file at most `MAX_FILE_BYTES`; 64 open files; no core dumps; no new
   processes or threads (RLIMIT_NPROC = 0);
 - a new session (process group); after `time_limit_s` seconds of wall-clock time the
@@ -118,7 +120,7 @@ class SandboxResult:
 
     passed: bool  # exited 0 after the last test ran
     exit_code: int  # negative: killed by that signal (e.g. -9 at the deadline)
-    timed_out: bool  # still running at the wall-clock limit
+    timed_out: bool  # still running at the wall-clock limit, or killed at the CPU-time limit
     output: str  # the tail of stdout and stderr together
 
 
@@ -206,7 +208,7 @@ def run_solution(
     user = _sandbox_user(python_executable)
     limits = {
         "RLIMIT_AS": memory_limit_mb * 1024 * 1024,
-        "RLIMIT_CPU": math.ceil(time_limit_s),
+        "RLIMIT_CPU": math.ceil(time_limit_s) + 1,
         "RLIMIT_FSIZE": MAX_FILE_BYTES,
         "RLIMIT_NOFILE": MAX_OPEN_FILES,
         "RLIMIT_CORE": 0,
@@ -263,10 +265,13 @@ def run_solution(
             process.wait()
             assert process.stdout is not None
             process.stdout.close()
+    # A SIGKILL we did not send comes from the kernel at the CPU-time limit (the address
+    # space limit makes allocations fail instead), so it is a time-out too.
+    cpu_killed = exited and process.returncode == -signal.SIGKILL
     return SandboxResult(
         passed=exited and process.returncode == 0 and status == token.encode(),
         exit_code=process.returncode,
-        timed_out=not exited,
+        timed_out=not exited or cpu_killed,
         output=output.decode("utf-8", errors="replace"),
     )
 
