@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from swarmrl.checkpoints import list_checkpoints
-from swarmrl.rollouts import RolloutMeta, write_rollouts
+from swarmrl.rollouts import RolloutMeta, read_rollouts, write_rollouts
 from swarmrl.trainer.trainer import read_metrics
 
 SMALL = ["--trainer.batch_samples", "16", "--worker.prompts_per_file", "2", "--sampling.group_size", "4",
@@ -69,6 +69,14 @@ def test_run_async2_respects_the_bound_and_survives_bad_files(tmp_path, warm_mod
         assert set(last["bytes_by_server"]) == {relay_url[0]} and last["bytes_by_server"][relay_url[0]] > 0
         assert last["policy_step"] >= 1
     assert any((out / "t" / "worker_cache").glob("worker-*/v*"))
+    # Proofs were built off the generation loop and reported in the summary; a file the
+    # workers wrote that way passes the real validator.
+    assert 0 < summary["proof_share_of_generation"] < 1 and summary["proof_wait_share_of_generation"] >= 0
+    kept = set(list_checkpoints(out / "t" / "checkpoints"))
+    worker_files = sorted((out / "t" / "rollouts").glob("step_*/worker-*.parquet"), reverse=True)
+    checked = next(f for f in worker_files if read_rollouts(f)[0].column("policy_step")[0].as_py() in kept)
+    verdict = _swarmrl("validate", str(checked), "--json", timeout=120)
+    assert verdict.returncode == 0, verdict.stdout + verdict.stderr
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen:

@@ -59,6 +59,9 @@ def test_uniforms_and_draw():
     assert u.shape == (3,) and np.all((u >= 0) & (u < 1))
     assert np.array_equal(u, uniforms(np.array([1, 2, 3], dtype=np.uint64), 0))
     assert not np.array_equal(u, uniforms(np.array([1, 2, 3], dtype=np.uint64), 1))
+    # Steps broadcast: one seed's uniforms for many steps equal the per-step calls.
+    one = np.full(5, 2**63 + 11, dtype=np.uint64)
+    assert np.array_equal(uniforms(one, np.arange(5)), [uniforms(one[:1], t)[0] for t in range(5)])
     # Inverse CDF: probabilities [0.25, 0.75]: u < 0.25 picks 0, otherwise 1.
     logits = torch.log(torch.tensor([[0.25, 0.75], [0.25, 0.75]]))
     tokens, logp = draw(logits, np.array([0.2, 0.3]), temperature=1.0, top_p=1.0)

@@ -15,9 +15,9 @@ import os
 import signal
 import socket
 import subprocess
-import urllib.request
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from rich.console import Console
@@ -60,6 +60,23 @@ def _spawn(args: list[str], log_path: Path, threads: int) -> subprocess.Popen:
     fh = open(log_path, "ab")
     return subprocess.Popen([sys.executable, "-m", "swarmrl", *args], stdout=fh, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)
+
+
+def _proof_figures(logs: Path) -> dict[str, float | None]:
+    """From the workers' per-file logs: TOPLOC proof building's CPU time, and the time
+    generation waited for it (it runs in a background thread), each over generation time."""
+    gen = proofs = waited = 0.0
+    for path in logs.glob("worker-*.jsonl"):
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+                gen += record["gen_seconds"]
+                proofs += record["proof_seconds"]
+                waited += record.get("proof_wait_seconds", 0.0)
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by a killed worker
+    return {"proof_share_of_generation": round(proofs / gen, 4) if gen else None,
+            "proof_wait_share_of_generation": round(waited / gen, 4) if gen else None}
 
 
 def _tail(path: Path, lines: int = 25) -> str:
@@ -214,6 +231,7 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
         "staleness_max": max((r["staleness_max"] for r in records), default=None),
         "trainer_idle_fraction": wait / busy if busy else None,
         "bytes_served": served,
+        **_proof_figures(logs),
         "wall_seconds": round(time.time() - started, 1),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-
 from swarmrl.assignment import Assignment
 from swarmrl.inference.sampler import Generation, SamplingParams, sample
 from swarmrl.rewards import group_advantages, has_signal, score_sample
@@ -33,8 +32,14 @@ def completion_text(tokenizer, tokens: list[int], eos_id: int) -> str:
 
 
 def generate_rollouts(model, tokenizer, task: Task, assignment: Assignment, params: SamplingParams,
-                      policy_step: int, length_penalty: float, capture_hidden: bool = True) -> RolloutBatch:
-    """Generate G samples for every assigned prompt and score them."""
+                      policy_step: int, length_penalty: float, capture_hidden: bool = True,
+                      proofs: bool = True) -> RolloutBatch:
+    """Generate G samples for every assigned prompt and score them.
+
+    With ``proofs=False`` the ``proofs`` column is left empty and the hidden states stay
+    in ``generations``: the caller builds the proofs later with ``attach_proofs`` (the
+    worker does so in a background thread while it generates the next file).
+    """
     problems = [task.train_problem(i) for i in assignment.problem_indices]
     prompts, seeds, owners = [], [], []
     for p_idx, (problem, target) in enumerate(zip(problems, assignment.target_lengths)):
@@ -50,12 +55,8 @@ def generate_rollouts(model, tokenizer, task: Task, assignment: Assignment, para
     cols: dict[str, list] = {k: [] for k in (
         "problem_id", "input_tokens", "output_tokens", "output_logprobs", "rewards", "task_rewards",
         "length_penalties", "advantages", "target_lengths", "policy_step", "seed", "proofs")}
-    proof_start = time.perf_counter()
-    # One batched call for the whole file: several times cheaper than per sequence.
-    proofs = [b"".join(p) for p in build_proofs_batch([g.hidden for g in gens])] if capture_hidden else [b""] * len(gens)
-    proof_seconds = time.perf_counter() - proof_start
     rewards = []
-    for gen, p_idx, prompt, seed, proof in zip(gens, owners, prompts, seeds, proofs):
+    for gen, p_idx, prompt, seed in zip(gens, owners, prompts, seeds):
         problem, target = problems[p_idx], assignment.target_lengths[p_idx]
         text = completion_text(tokenizer, gen.tokens, params.eos_token_id)
         reward = score_sample(task.score(problem, text), target, len(gen.tokens), length_penalty)
@@ -70,13 +71,27 @@ def generate_rollouts(model, tokenizer, task: Task, assignment: Assignment, para
         cols["target_lengths"].append(target)
         cols["policy_step"].append(policy_step)
         cols["seed"].append(int(seed))
-        cols["proofs"].append(proof)
+        cols["proofs"].append(b"")
     group = len(assignment.sample_seeds[0])
     num_nonzero = 0
     for start_row in range(0, len(rewards), group):
         chunk = rewards[start_row:start_row + group]
         cols["advantages"].extend(group_advantages(chunk).tolist())
         num_nonzero += group if has_signal(chunk) else 0
-    return RolloutBatch(columns=cols, generations=gens, num_nonzero=num_nonzero,
-                        gen_seconds=gen_seconds, gen_tokens=sum(len(g.tokens) for g in gens),
-                        proof_seconds=proof_seconds)
+    batch = RolloutBatch(columns=cols, generations=gens, num_nonzero=num_nonzero,
+                         gen_seconds=gen_seconds, gen_tokens=sum(len(g.tokens) for g in gens),
+                         proof_seconds=0.0)
+    if proofs and capture_hidden:
+        attach_proofs(batch)
+    return batch
+
+
+def attach_proofs(batch: RolloutBatch) -> None:
+    """Fill the batch's ``proofs`` column from its generations' hidden states, in place.
+
+    One batched call for the whole file: several times cheaper than per sequence.
+    """
+    start = time.perf_counter()
+    built = build_proofs_batch([g.hidden for g in batch.generations])
+    batch.columns["proofs"] = [b"".join(chunks) for chunks in built]
+    batch.proof_seconds = time.perf_counter() - start

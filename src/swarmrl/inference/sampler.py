@@ -20,15 +20,19 @@ Design choices:
 from __future__ import annotations
 
 import inspect
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-FAST_ARCHITECTURES = {"llama", "qwen2", "mistral"}
-_FAST_MODELS: "weakref.WeakKeyDictionary[torch.nn.Module, _FastLlama]" = weakref.WeakKeyDictionary()
+from swarmrl.inference.fast_llama import (
+    FastLlama,
+    fast_decoder,
+    left_pad,
+    supports_fast_path,
+)
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -50,10 +54,12 @@ class Generation:
     stopped_on_eos: bool
 
 
-def uniforms(seeds: np.ndarray, step: int) -> np.ndarray:
-    """Counter-based uniforms in [0, 1): splitmix64 of (seed, step), one per seed."""
+def uniforms(seeds: np.ndarray, step: int | np.ndarray) -> np.ndarray:
+    """Counter-based uniforms in [0, 1): splitmix64 of (seed, step), one per seed (``step``
+    may also be an array, broadcast against ``seeds``)."""
     with np.errstate(over="ignore"):
-        x = seeds.astype(np.uint64) * _GOLDEN + np.uint64(step + 1) * np.uint64(0xBF58476D1CE4E5B9)
+        counter = np.asarray(step, dtype=np.uint64) + np.uint64(1)
+        x = seeds.astype(np.uint64) * _GOLDEN + counter * np.uint64(0xBF58476D1CE4E5B9)
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         x = x ^ (x >> np.uint64(31))
@@ -79,217 +85,101 @@ def draw(logits: torch.Tensor, u: np.ndarray, temperature: float, top_p: float) 
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def _left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.bool)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p):] = True
-    return ids, mask
+def _fast_sample(dec: FastLlama, prompts: list[list[int]], seeds: np.ndarray, params: SamplingParams,
+                 pad_id: int, capture_hidden: bool) -> list[Generation]:
+    """The fast path: a static cache, each distinct prompt prefilled once, finished rows dropped."""
+    n = len(prompts)
+    # GRPO samples a prompt G times: prefill each distinct prompt once, then copy its
+    # cache rows to every sample of the group.
+    distinct: dict[tuple[int, ...], int] = {}
+    owner = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompts])
+    ids, prompt_mask = left_pad([list(p) for p in distinct], pad_id)
+    width = ids.shape[1]
+    total = width + params.max_new_tokens
+    dtype = dec.embed.dtype
+    positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    mask = causal.unsqueeze(0) & prompt_mask.unsqueeze(1)
+    # A pad query row would attend to nothing (NaN); let it see itdec. Its output is never used.
+    mask |= torch.eye(width, dtype=torch.bool).unsqueeze(0)
+    prefill_cache = [
+        (torch.empty(len(distinct), dec.n_kv, width, dec.head_dim, dtype=dtype),
+         torch.empty(len(distinct), dec.n_kv, width, dec.head_dim, dtype=dtype))
+        for _ in dec.layers
+    ]
+    hidden = dec.forward(ids, dec.rotary(positions, dtype), mask.unsqueeze(1), prefill_cache, 0)[:, -1][owner]
+    # Rotary tables for every decode position, computed once: position p is row p.
+    max_pos = int(positions.max()) + 1 + params.max_new_tokens
+    cos_all, sin_all = dec.rotary(torch.arange(max_pos).unsqueeze(0), dtype)
+    lm_head = dec.lm_head
+    cache = []
+    for k_pre, v_pre in prefill_cache:
+        k = torch.empty(n, dec.n_kv, total, dec.head_dim, dtype=dtype)
+        v = torch.empty(n, dec.n_kv, total, dec.head_dim, dtype=dtype)
+        k[:, :, :width] = k_pre[owner]
+        v[:, :, :width] = v_pre[owner]
+        cache.append((k, v))
+    key_ok = torch.ones(n, total, dtype=torch.bool)
+    key_ok[:, :width] = prompt_mask[owner]
+    no_padding = bool(prompt_mask.all())
+    next_pos = positions[owner, -1] + 1
 
+    limit = params.max_new_tokens
+    # Outputs are written per batch row (plain slice stores, no scatter per step) and
+    # moved to their sample's slot when a row leaves the batch or at the end.
+    out_tokens = torch.zeros(n, limit, dtype=torch.long)
+    out_logp = torch.zeros(n, limit, dtype=torch.float32)
+    out_hidden = torch.zeros(n, limit, hidden.shape[-1], dtype=torch.bfloat16) if capture_hidden else None
+    row_tokens, row_logp = out_tokens.clone(), out_logp.clone()
+    row_hidden = out_hidden.clone() if capture_hidden else None
+    active = torch.arange(n)  # batch row -> sample index
+    finished = torch.zeros(n, dtype=torch.bool)  # rows that drew EOS; they ride along until compaction
+    act_seeds = seeds.copy()
 
-@dataclass(frozen=True)
-class _LayerWeights:
-    """One decoder layer's tensors, pulled out of the modules once per model: module
-    attribute lookups and `__call__` cost more than the math at this size. The query,
-    key and value projections are stacked into one matrix, as are gate and up."""
+    def flush(rows: torch.Tensor) -> None:
+        out_tokens[active[rows]] = row_tokens[rows]
+        out_logp[active[rows]] = row_logp[rows]
+        if row_hidden is not None:
+            out_hidden[active[rows]] = row_hidden[rows]
 
-    ln1: torch.Tensor
-    ln1_eps: float
-    qkv: tuple[torch.Tensor, torch.Tensor | None]
-    o: tuple[torch.Tensor, torch.Tensor | None]
-    ln2: torch.Tensor
-    ln2_eps: float
-    gate_up: tuple[torch.Tensor, torch.Tensor | None]
-    down: tuple[torch.Tensor, torch.Tensor | None]
+    for step in range(limit):
+        logits = F.linear(hidden, *lm_head)
+        tok, logp = draw(logits, uniforms(act_seeds, step), params.temperature, params.top_p)
+        row_tokens[:, step] = tok
+        row_logp[:, step] = logp
+        if row_hidden is not None:
+            row_hidden[:, step] = hidden
+        finished |= tok == params.eos_token_id
+        n_finished = int(finished.sum())
+        if step + 1 == limit or n_finished == len(active):
+            break
+        # Dropping finished rows copies the whole cache, so do it only once half
+        # of the batch has finished; until then they ride along and are ignored.
+        if n_finished * 2 >= len(active):
+            flush(finished.nonzero().squeeze(-1))
+            keep = (~finished).nonzero().squeeze(-1)
+            active, tok, next_pos = active[keep], tok[keep], next_pos[keep]
+            row_tokens, row_logp = row_tokens[keep], row_logp[keep]
+            row_hidden = row_hidden[keep] if row_hidden is not None else None
+            finished = finished[keep]
+            act_seeds = act_seeds[keep.numpy()]
+            key_ok = key_ok[keep]
+            cache = [(k[keep], v[keep]) for k, v in cache]
+        slot = width + step
+        # One query per row sees every filled slot but the prompt's left padding; with
+        # no padding at all there is nothing to mask. (A contiguous mask is much
+        # faster in the CPU attention kernel than a strided view.)
+        step_mask = None if no_padding else key_ok[:, : slot + 1].contiguous().view(len(active), 1, 1, slot + 1)
+        rotary = (cos_all[0, 0, next_pos].unsqueeze(1).unsqueeze(1), sin_all[0, 0, next_pos].unsqueeze(1).unsqueeze(1))
+        hidden = dec.forward(tok.unsqueeze(-1), rotary, step_mask, cache, slot)[:, -1]
+        next_pos = next_pos + 1
+    flush(torch.arange(len(active)))
+    # A completion ends at its first EOS, or at the limit (or wherever the loop stopped).
+    is_eos = out_tokens[:, : step + 1] == params.eos_token_id
+    eos = is_eos.any(dim=1)
+    lengths = torch.where(eos, is_eos.int().argmax(dim=1) + 1, torch.full((n,), step + 1))
+    return _collect(out_tokens, out_logp, out_hidden, lengths, eos)
 
-
-def _wb(linear: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    return linear.weight, linear.bias
-
-
-def _stacked(*linears: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    weight = torch.cat([lin.weight for lin in linears])
-    biases = [lin.bias for lin in linears]
-    if all(b is None for b in biases):
-        return weight, None
-    return weight, torch.cat([b if b is not None else torch.zeros(lin.weight.shape[0], dtype=weight.dtype)
-                              for b, lin in zip(biases, linears)])
-
-
-class _FastLlama:
-    """Static-cache decoder over a Llama-family model's own weights."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        # No reference to `model` itself: this object is cached per model in a weak
-        # dictionary and must not keep its key alive.
-        cfg = model.config
-        base = model.model
-        self.rotary_emb = base.rotary_emb
-        self.lm_head = _wb(model.lm_head)
-        self.params = list(model.parameters())
-        self.layers = [
-            _LayerWeights(
-                ln1=layer.input_layernorm.weight, ln1_eps=layer.input_layernorm.variance_epsilon,
-                qkv=_stacked(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
-                o=_wb(layer.self_attn.o_proj),
-                ln2=layer.post_attention_layernorm.weight, ln2_eps=layer.post_attention_layernorm.variance_epsilon,
-                gate_up=_stacked(layer.mlp.gate_proj, layer.mlp.up_proj), down=_wb(layer.mlp.down_proj),
-            )
-            for layer in base.layers
-        ]
-        self.embed = base.embed_tokens.weight
-        self.final_norm = (base.norm.weight, base.norm.variance_epsilon)
-        self.n_heads = cfg.num_attention_heads
-        self.n_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.intermediate = base.layers[0].mlp.gate_proj.weight.shape[0]
-        self.scale = self.head_dim**-0.5
-        self.versions = self._weight_versions()
-
-    def _weight_versions(self) -> tuple[int, ...]:
-        # In-place updates (an optimizer step) bump a tensor's version: the stacked
-        # copies are then stale and must be rebuilt.
-        return tuple(p._version for p in self.params)
-
-    @staticmethod
-    def _rms(weight: torch.Tensor, eps: float, x: torch.Tensor) -> torch.Tensor:
-        # Same operations, in the same order, as Hugging Face's Llama RMSNorm.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-        return weight * xf.to(x.dtype)
-
-    def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sign-folded sin per position ([B, 1, T, D]): rotate_half(x) * sin
-        equals roll(x, D/2) * sin_signed, one op fewer per application."""
-        probe = torch.empty(1, dtype=dtype)
-        cos, sin = self.rotary_emb(probe, positions)
-        half = sin.shape[-1] // 2
-        signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-        return cos.unsqueeze(1), signed.unsqueeze(1)
-
-    @staticmethod
-    def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-        return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin_signed
-
-    def forward(self, ids: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], attn_mask: torch.Tensor | None,
-                cache: list[tuple[torch.Tensor, torch.Tensor]], start: int) -> torch.Tensor:
-        """Run `ids` [B, T] at cache slots start..start+T; return final-norm states [B, T, H]."""
-        x = F.embedding(ids, self.embed)
-        cos, sin = rotary
-        b, t, _ = x.shape
-        end = start + t
-        nq, nkv, hd = self.n_heads, self.n_kv, self.head_dim
-        gqa = nkv != nq
-        for w, (k_cache, v_cache) in zip(self.layers, cache):
-            h = self._rms(w.ln1, w.ln1_eps, x)
-            qkv = F.linear(h, *w.qkv).view(b, t, nq + 2 * nkv, hd).transpose(1, 2)
-            qk = self._rope(qkv[:, : nq + nkv], cos, sin)  # one rotary pass for queries and keys
-            k_cache[:, :, start:end] = qk[:, nq:]
-            v_cache[:, :, start:end] = qkv[:, nq + nkv :]
-            out = F.scaled_dot_product_attention(
-                qk[:, :nq], k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=attn_mask, scale=self.scale, enable_gqa=gqa,
-            )
-            x = x + F.linear(out.transpose(1, 2).reshape(b, t, -1), *w.o)
-            h = self._rms(w.ln2, w.ln2_eps, x)
-            gate, up = F.linear(h, *w.gate_up).split(self.intermediate, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, *w.down)
-        return self._rms(*self.final_norm, x)
-
-    def sample(self, prompts: list[list[int]], seeds: np.ndarray, params: SamplingParams,
-               pad_id: int, capture_hidden: bool) -> list[Generation]:
-        n = len(prompts)
-        # GRPO samples a prompt G times: prefill each distinct prompt once, then copy its
-        # cache rows to every sample of the group.
-        distinct: dict[tuple[int, ...], int] = {}
-        owner = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompts])
-        ids, prompt_mask = _left_pad([list(p) for p in distinct], pad_id)
-        width = ids.shape[1]
-        total = width + params.max_new_tokens
-        dtype = self.embed.dtype
-        positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
-        causal = torch.ones(width, width, dtype=torch.bool).tril()
-        mask = causal.unsqueeze(0) & prompt_mask.unsqueeze(1)
-        # A pad query row would attend to nothing (NaN); let it see itself. Its output is never used.
-        mask |= torch.eye(width, dtype=torch.bool).unsqueeze(0)
-        prefill_cache = [
-            (torch.empty(len(distinct), self.n_kv, width, self.head_dim, dtype=dtype),
-             torch.empty(len(distinct), self.n_kv, width, self.head_dim, dtype=dtype))
-            for _ in self.layers
-        ]
-        hidden = self.forward(ids, self.rotary(positions, dtype), mask.unsqueeze(1), prefill_cache, 0)[:, -1][owner]
-        # Rotary tables for every decode position, computed once: position p is row p.
-        max_pos = int(positions.max()) + 1 + params.max_new_tokens
-        cos_all, sin_all = self.rotary(torch.arange(max_pos).unsqueeze(0), dtype)
-        lm_head = self.lm_head
-        cache = []
-        for k_pre, v_pre in prefill_cache:
-            k = torch.empty(n, self.n_kv, total, self.head_dim, dtype=dtype)
-            v = torch.empty(n, self.n_kv, total, self.head_dim, dtype=dtype)
-            k[:, :, :width] = k_pre[owner]
-            v[:, :, :width] = v_pre[owner]
-            cache.append((k, v))
-        key_ok = torch.ones(n, total, dtype=torch.bool)
-        key_ok[:, :width] = prompt_mask[owner]
-        no_padding = bool(prompt_mask.all())
-        next_pos = positions[owner, -1] + 1
-
-        limit = params.max_new_tokens
-        # Outputs are written per batch row (plain slice stores, no scatter per step) and
-        # moved to their sample's slot when a row leaves the batch or at the end.
-        out_tokens = torch.zeros(n, limit, dtype=torch.long)
-        out_logp = torch.zeros(n, limit, dtype=torch.float32)
-        out_hidden = torch.zeros(n, limit, hidden.shape[-1], dtype=torch.bfloat16) if capture_hidden else None
-        row_tokens, row_logp = out_tokens.clone(), out_logp.clone()
-        row_hidden = out_hidden.clone() if capture_hidden else None
-        active = torch.arange(n)  # batch row -> sample index
-        finished = torch.zeros(n, dtype=torch.bool)  # rows that drew EOS; they ride along until compaction
-        act_seeds = seeds.copy()
-
-        def flush(rows: torch.Tensor) -> None:
-            out_tokens[active[rows]] = row_tokens[rows]
-            out_logp[active[rows]] = row_logp[rows]
-            if row_hidden is not None:
-                out_hidden[active[rows]] = row_hidden[rows]
-
-        for step in range(limit):
-            logits = F.linear(hidden, *lm_head)
-            tok, logp = draw(logits, uniforms(act_seeds, step), params.temperature, params.top_p)
-            row_tokens[:, step] = tok
-            row_logp[:, step] = logp
-            if row_hidden is not None:
-                row_hidden[:, step] = hidden
-            finished |= tok == params.eos_token_id
-            n_finished = int(finished.sum())
-            if step + 1 == limit or n_finished == len(active):
-                break
-            # Dropping finished rows copies the whole cache, so do it only once half
-            # of the batch has finished; until then they ride along and are ignored.
-            if n_finished * 2 >= len(active):
-                flush(finished.nonzero().squeeze(-1))
-                keep = (~finished).nonzero().squeeze(-1)
-                active, tok, next_pos = active[keep], tok[keep], next_pos[keep]
-                row_tokens, row_logp = row_tokens[keep], row_logp[keep]
-                row_hidden = row_hidden[keep] if row_hidden is not None else None
-                finished = finished[keep]
-                act_seeds = act_seeds[keep.numpy()]
-                key_ok = key_ok[keep]
-                cache = [(k[keep], v[keep]) for k, v in cache]
-            slot = width + step
-            # One query per row sees every filled slot but the prompt's left padding; with
-            # no padding at all there is nothing to mask. (A contiguous mask is much
-            # faster in the CPU attention kernel than a strided view.)
-            step_mask = None if no_padding else key_ok[:, : slot + 1].contiguous().view(len(active), 1, 1, slot + 1)
-            rotary = (cos_all[0, 0, next_pos].unsqueeze(1).unsqueeze(1), sin_all[0, 0, next_pos].unsqueeze(1).unsqueeze(1))
-            hidden = self.forward(tok.unsqueeze(-1), rotary, step_mask, cache, slot)[:, -1]
-            next_pos = next_pos + 1
-        flush(torch.arange(len(active)))
-        # A completion ends at its first EOS, or at the limit (or wherever the loop stopped).
-        is_eos = out_tokens[:, : step + 1] == params.eos_token_id
-        eos = is_eos.any(dim=1)
-        lengths = torch.where(eos, is_eos.int().argmax(dim=1) + 1, torch.full((n,), step + 1))
-        return _collect(out_tokens, out_logp, out_hidden, lengths, eos)
 
 
 def _collect(tokens, logp, hidden, lengths, eos) -> list[Generation]:
@@ -312,7 +202,7 @@ def _generic_sample(model, prompts, seeds, params, pad_id, capture_hidden) -> li
     base = model.base_model
     cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
     n = len(prompts)
-    ids, attn = _left_pad(prompts, pad_id)
+    ids, attn = left_pad(prompts, pad_id)
     positions = (attn.long().cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
     out = base(input_ids=ids, attention_mask=attn.long(), position_ids=positions, use_cache=True, **{cache_kw: cache})
@@ -341,18 +231,6 @@ def _generic_sample(model, prompts, seeds, params, pad_id, capture_hidden) -> li
     return _collect(out_tokens, out_logp, out_hidden, lengths, eos)
 
 
-def supports_fast_path(model: torch.nn.Module) -> bool:
-    cfg = model.config
-    return (
-        cfg.model_type in FAST_ARCHITECTURES
-        # The fast path attends to every earlier token: a model with an active sliding
-        # window (Mistral's default) takes the generic path.
-        and not (getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True))
-        and getattr(cfg, "hidden_act", "silu") == "silu"
-        and hasattr(model, "model") and hasattr(model.model, "rotary_emb")
-    )
-
-
 @torch.inference_mode()
 def sample(model: torch.nn.Module, prompts: list[list[int]], seeds: list[int] | np.ndarray,
            params: SamplingParams, pad_id: int, capture_hidden: bool = True,
@@ -365,8 +243,5 @@ def sample(model: torch.nn.Module, prompts: list[list[int]], seeds: list[int] | 
         raise ValueError(f"need one seed per prompt: {len(prompts)} prompts, {seeds.shape} seeds")
     use_fast = supports_fast_path(model) if fast is None else fast
     if use_fast:
-        fast_model = _FAST_MODELS.get(model)
-        if fast_model is None or fast_model.versions != fast_model._weight_versions():
-            fast_model = _FAST_MODELS[model] = _FastLlama(model)
-        return fast_model.sample(prompts, seeds, params, pad_id, capture_hidden)
+        return _fast_sample(fast_decoder(model), prompts, seeds, params, pad_id, capture_hidden)
     return _generic_sample(model, prompts, seeds, params, pad_id, capture_hidden)

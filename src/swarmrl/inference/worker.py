@@ -9,8 +9,13 @@ Loop:
    up to (held policy step + async_level), whose folder still lacks enough
    non-zero-advantage samples. None fits: wait for a newer checkpoint.
 3. Derive the assignment for (worker address, s, submission counter), generate G
-   samples per prompt, score, compute group advantages, attach TOPLOC proofs.
-4. Write `rollouts/step_<s>/<address>-<counter>.parquet` atomically.
+   samples per prompt, score, compute group advantages.
+4. Hand the file to the finisher (`finisher.py`: a background thread and one child
+   process) that builds its TOPLOC proofs and writes
+   `rollouts/step_<s>/<address>-<counter>.parquet` atomically, and go back to 1: proofs
+   are built while the next file is generated, off the generation's critical path. One
+   file at most is in flight; the loop counts it as submitted when it picks the next
+   step and counter.
 
 The trainer's current step is the newest checkpoint's step: the trainer is always
 building checkpoint n+1 from step-n rollouts while checkpoint n is the newest. On one
@@ -30,11 +35,12 @@ from pathlib import Path
 import torch
 
 from swarmrl.assignment import assign
-from swarmrl.checkpoints import latest_checkpoint, load_policy, checkpoint_dir
+from swarmrl.checkpoints import checkpoint_dir, latest_checkpoint, load_policy
 from swarmrl.config import RunConfig
-from swarmrl.inference.rollout import generate_rollouts
+from swarmrl.inference.finisher import FileFinisher
+from swarmrl.inference.rollout import RolloutBatch, generate_rollouts
 from swarmrl.inference.sampler import SamplingParams
-from swarmrl.rollouts import RolloutFileError, RolloutMeta, read_meta, write_rollouts
+from swarmrl.rollouts import RolloutFileError, RolloutMeta, read_meta
 from swarmrl.tasks.registry import build_task
 
 log = logging.getLogger("swarmrl.worker")
@@ -129,49 +135,67 @@ def run_worker(cfg: RunConfig, address: str) -> int:
     source = PolicySource(cfg, address)
     model = tok = None
     policy_step = -1
-    written = 0
     stats_path = run_dir / "logs" / f"{address}.jsonl"
     stats_path.parent.mkdir(parents=True, exist_ok=True)
-    while True:
-        if (run_dir / "trainer_done.json").exists():
-            return written
-        latest = latest_checkpoint(ckpt_root)
-        try:
-            available = source.newest()
-        except (OSError, RuntimeError, ValueError) as exc:  # a relay not up yet or unreachable: keep polling
-            log.warning("cannot list policies (%s); retrying", exc)
-            available = None
-        if available is not None and available > policy_step:
-            try:
-                model, tok = source.load(available)
-                policy_step = available
-                log.info("loaded policy step %d", available)
-            except (OSError, RuntimeError, ValueError) as exc:  # pruned, replaced or unreachable: try again
-                log.warning("could not load policy %d (%s); retrying", available, exc)
-                time.sleep(cfg.worker.poll_seconds)
-                continue
-        if latest is None or model is None:
-            time.sleep(cfg.worker.poll_seconds)
-            continue
-        step = choose_step(latest, policy_step, cfg.async_level, cfg.trainer.steps, counter.count, cfg.trainer.batch_samples)
-        if step is None:
-            time.sleep(cfg.worker.poll_seconds)
-            continue
-        folder = step_folder(run_dir, step)
-        submission = next_counter(folder, address)
-        assignment = assign(cfg.seed, address, step, submission, num_problems=task.num_train(),
-                            prompts=cfg.worker.prompts_per_file, group_size=cfg.sampling.group_size,
-                            target_lengths=cfg.task.target_lengths)
-        params = SamplingParams(temperature=cfg.sampling.temperature, max_new_tokens=cfg.sampling.max_new_tokens,
-                                eos_token_id=tok.eos_token_id, top_p=cfg.sampling.top_p)
-        batch = generate_rollouts(model, tok, task, assignment, params, policy_step, cfg.task.length_penalty)
-        meta = RolloutMeta(run_id=cfg.run_name, worker_address=address, step=step, submission=submission,
-                           num_samples=len(batch.columns["problem_id"]), num_nonzero=batch.num_nonzero)
-        path = write_rollouts(folder / f"{address}-{submission:05d}.parquet", batch.columns, meta)
-        written += 1
+
+    def log_file(path: Path, batch: RolloutBatch, meta: RolloutMeta, waited: float) -> None:
+        """One stats line per written file (runs in the finisher's thread)."""
         with open(stats_path, "a") as fh:
-            fh.write(json.dumps({"time": time.time(), "file": str(path), "step": step, "policy_step": policy_step,
-                                 "bytes_by_server": source.bytes_by_server,
+            fh.write(json.dumps({"time": time.time(), "file": str(path), "step": meta.step,
+                                 "policy_step": batch.columns["policy_step"][0],
+                                 "bytes_by_server": dict(source.bytes_by_server),
                                  "gen_seconds": round(batch.gen_seconds, 4), "gen_tokens": batch.gen_tokens,
                                  "proof_seconds": round(batch.proof_seconds, 4),
+                                 "proof_wait_seconds": round(waited, 4),
                                  "nonzero": batch.num_nonzero}) + "\n")
+
+    finisher = FileFinisher(log_file)
+    try:
+        while True:
+            if (run_dir / "trainer_done.json").exists():
+                break
+            latest = latest_checkpoint(ckpt_root)
+            try:
+                available = source.newest()
+            except (OSError, RuntimeError, ValueError) as exc:  # a relay not up yet or unreachable: keep polling
+                log.warning("cannot list policies (%s); retrying", exc)
+                available = None
+            if available is not None and available > policy_step:
+                try:
+                    model, tok = source.load(available)
+                    policy_step = available
+                    log.info("loaded policy step %d", available)
+                except (OSError, RuntimeError, ValueError) as exc:  # pruned, replaced or unreachable: try again
+                    log.warning("could not load policy %d (%s); retrying", available, exc)
+                    time.sleep(cfg.worker.poll_seconds)
+                    continue
+            if latest is None or model is None:
+                time.sleep(cfg.worker.poll_seconds)
+                continue
+            pending = finisher.in_flight()
+
+            def usable(s: int, pending=pending) -> int:  # the file in flight counts as submitted
+                extra = pending.num_nonzero if pending is not None and pending.step == s else 0
+                return counter.count(s) + extra
+
+            step = choose_step(latest, policy_step, cfg.async_level, cfg.trainer.steps, usable, cfg.trainer.batch_samples)
+            if step is None:
+                time.sleep(cfg.worker.poll_seconds)
+                continue
+            folder = step_folder(run_dir, step)
+            submission = next_counter(folder, address)
+            if pending is not None and pending.step == step:
+                submission = max(submission, pending.submission + 1)
+            assignment = assign(cfg.seed, address, step, submission, num_problems=task.num_train(),
+                                prompts=cfg.worker.prompts_per_file, group_size=cfg.sampling.group_size,
+                                target_lengths=cfg.task.target_lengths)
+            params = SamplingParams(temperature=cfg.sampling.temperature, max_new_tokens=cfg.sampling.max_new_tokens,
+                                    eos_token_id=tok.eos_token_id, top_p=cfg.sampling.top_p)
+            batch = generate_rollouts(model, tok, task, assignment, params, policy_step, cfg.task.length_penalty,
+                                      proofs=False)
+            meta = RolloutMeta(run_id=cfg.run_name, worker_address=address, step=step, submission=submission,
+                               num_samples=len(batch.columns["problem_id"]), num_nonzero=batch.num_nonzero)
+            finisher.submit(folder / f"{address}-{submission:05d}.parquet", batch, meta)
+    finally:
+        finisher.close()
+    return finisher.written

@@ -1,8 +1,12 @@
 """Recompute, with one batched prefill of the claimed policy, what each sampled token saw.
 
 For every sample the validator feeds prompt + completion (all but the last completion
-token) through the model's own Hugging Face forward, right-padded in batches of similar
-length, and keeps, for each completion token t, the row whose logits drew t:
+token) through the claimed model and keeps, for each completion token t, the row whose
+logits drew t. Llama-family models run on the fast decoder the sampler uses
+(``inference.fast_llama``): each distinct prompt is prefilled once (a GRPO group shares
+it), then every completion in one pass against a copy of its prompt's cache, batched
+by length. Other models run their own Hugging Face forward over right-padded
+prompt + completion. Per token it computes:
 
 - the final-norm hidden state in bf16 (what the TOPLOC proof hashes);
 - under the sampling distribution softmax(logits / T) (top-p truncated when top_p < 1,
@@ -11,9 +15,9 @@ length, and keeps, for each completion token t, the row whose logits drew t:
   the sampler's inverse-CDF order (for replay), and the moments of the surprisal and the
   probability-integral transform used by the statistical test (``sampling_test``).
 
-The sampler's fast path and this prefill apply the same weights with the same fp32 ops
-in a different order (static cache and one token at a time there, one pass here);
-docs/validator.md gives the measured disagreement.
+The sampler and this prefill apply the same weights with the same fp32 ops, but over
+different shapes (one token at a time there, whole completions here), so matrix
+products round differently; docs/validator.md gives the measured disagreement.
 """
 
 from __future__ import annotations
@@ -23,6 +27,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from swarmrl.inference.fast_llama import (
+    continuation_states,
+    fast_decoder,
+    supports_fast_path,
+)
+
+# Elements of one float64 [rows, vocab] statistics array (128 MiB).
+_STATS_ELEMENTS = 1 << 24
 # Floor for a probability whose log is taken: a token outside the top-p nucleus has
 # probability 0 under the sampling distribution; its surprisal is then large, not inf.
 _TINY = 1e-300
@@ -106,14 +118,45 @@ def _distribution_stats(logits: torch.Tensor, tokens: torch.Tensor, temperature:
 
 @torch.inference_mode()
 def recompute(model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]], *,
-              temperature: float, top_p: float, eos_id: int, token_budget: int = 16384) -> list[TokenStats]:
-    """One ``TokenStats`` per sample; prompts and completions must be non-empty and in the vocabulary."""
+              temperature: float, top_p: float, eos_id: int, token_budget: int = 8192,
+              fast: bool | None = None) -> list[TokenStats]:
+    """One ``TokenStats`` per sample; prompts and completions must be non-empty and in the vocabulary.
+
+    Llama-family models take the fast decoder (``inference.fast_llama``: each distinct
+    prompt prefilled once, completions batched by length); others, or ``fast=False``,
+    their own Hugging Face forward over right-padded prompt + completion.
+    """
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+    use_fast = supports_fast_path(model) if fast is None else fast
+    if use_fast:
+        states = continuation_states(fast_decoder(model), prompts, completions, token_budget=token_budget)
+    else:
+        states = _forward_states(model, prompts, completions, token_budget)
+    head = model.get_output_embeddings()
+    flat = torch.cat(states)
+    tokens = torch.cat([torch.tensor(c, dtype=torch.long) for c in completions])
+    # The statistics hold a few float64 [rows, vocab] arrays: bound the rows per pass.
+    rows = max(1, _STATS_ELEMENTS // head.weight.shape[0])
+    parts = [_distribution_stats(head(flat[i : i + rows]), tokens[i : i + rows], temperature, top_p, eos_id)
+             for i in range(0, len(tokens), rows)]
+    stats = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+    bf16 = flat.to(torch.bfloat16)
+    results, start = [], 0
+    for completion in completions:
+        end = start + len(completion)
+        results.append(TokenStats(hidden=bf16[start:end].clone(), **{k: v[start:end] for k, v in stats.items()}))
+        start = end
+    return results
+
+
+def _forward_states(model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]],
+                    token_budget: int) -> list[torch.Tensor]:
+    """Per sample, the final-norm states that drew each completion token (fp32), from the
+    model's own forward over right-padded prompt + completion batches of similar length."""
     lengths = [len(p) + len(c) - 1 for p, c in zip(prompts, completions)]
     base = model.base_model
-    head = model.get_output_embeddings()
-    results: list[TokenStats | None] = [None] * len(prompts)
+    results: list[torch.Tensor | None] = [None] * len(prompts)
     for batch in _batches(lengths, token_budget):
         width = max(lengths[i] for i in batch)
         ids = torch.zeros(len(batch), width, dtype=torch.long)
@@ -124,15 +167,7 @@ def recompute(model: torch.nn.Module, prompts: list[list[int]], completions: lis
             mask[row, : len(seq)] = 1
         hidden = base(input_ids=ids, attention_mask=mask).last_hidden_state
         # Completion token t was drawn from the logits at position len(prompt) - 1 + t.
-        rows = torch.cat([torch.full((len(completions[i]),), row) for row, i in enumerate(batch)])
-        cols = torch.cat([torch.arange(len(completions[i])) + len(prompts[i]) - 1 for i in batch])
-        states = hidden[rows, cols]
-        tokens = torch.cat([torch.tensor(completions[i], dtype=torch.long) for i in batch])
-        stats = _distribution_stats(head(states), tokens, temperature, top_p, eos_id)
-        bf16 = states.to(torch.bfloat16)
-        start = 0
-        for i in batch:
-            end = start + len(completions[i])
-            results[i] = TokenStats(hidden=bf16[start:end].clone(), **{k: v[start:end] for k, v in stats.items()})
-            start = end
+        for row, i in enumerate(batch):
+            first = len(prompts[i]) - 1
+            results[i] = hidden[row, first : first + len(completions[i])].float()
     return results  # type: ignore[return-value]

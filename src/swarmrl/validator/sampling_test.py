@@ -37,8 +37,8 @@ from swarmrl.validator.prefill import TokenStats
 def sample_uniforms(seed: int, n_tokens: int) -> np.ndarray:
     """The uniforms the sampler used for tokens 0..n-1 of the sample with this seed."""
     # A stored int64 seed and the sampler's uint64 view of it are the same 64 bits.
-    seeds = np.array([seed % (1 << 64)], dtype=np.uint64)
-    return np.array([uniforms(seeds, t)[0] for t in range(n_tokens)])
+    seeds = np.full(n_tokens, seed % (1 << 64), dtype=np.uint64)
+    return uniforms(seeds, np.arange(n_tokens, dtype=np.uint64))
 
 
 @dataclass(frozen=True)
