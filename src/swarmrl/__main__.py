@@ -1,3 +1,4 @@
 from swarmrl.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # not when a spawned child process imports it
+    raise SystemExit(main())

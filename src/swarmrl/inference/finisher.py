@@ -1,15 +1,17 @@
 """Finishing rollout files off the generation loop: TOPLOC proofs, then the atomic write.
 
 The worker hands each generated file to a ``FileFinisher`` and goes straight back to
-sampling. The finisher's thread sends the file's hidden states to a ``ProofProcess``
-(one child process, spawned once), attaches the proofs it returns and writes the file.
+sampling. The finisher's thread sends the file (its columns and hidden states) to a
+``FinishProcess``, one child process spawned once, which builds the proofs and writes
+the file atomically; the thread only waits for it.
 
-Why a process and not just the thread: proof building is many numpy calls, and the
-sampling loop is many small torch calls; in one process they take turns on the GIL
-and each slows the other (measured: proofs 1.1-2.7x slower in a thread beside the
-sampler than alone, and the loop slower too). In a child process proofs run on the
-other core and cost the loop only the copy of the hidden states (bf16, about 0.8 MB
-per default file).
+Why a process and not just the thread: proof building is many numpy calls, building
+the Parquet file is Python-level work over the columns, and the sampling loop is many
+small torch calls; in one process they take turns on the GIL and slow each other
+(``benchmarks/bench_proof_pipeline.py``: with everything in the thread the loop lost as
+much time as with proofs built inline). In a child process the work runs on another
+core and costs the loop only pickling the columns and the hidden states (bf16, about
+0.8 MB per default file).
 """
 
 from __future__ import annotations
@@ -36,27 +38,35 @@ def _child_setup() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _build_in_child(bits: np.ndarray, lengths: list[int]) -> tuple[list[bytes], float]:
-    """Proofs of each sequence (rows of ``bits``, int16 views of bf16, split by ``lengths``)."""
+def _finish_in_child(path: Path, columns: dict[str, list], meta: RolloutMeta, bits: np.ndarray,
+                     lengths: list[int]) -> tuple[Path, list[bytes], float]:
+    """Build the proofs of each sequence (rows of ``bits``: int16 views of bf16, split by
+    ``lengths``), put them in the file's columns and write it. Returns (path, proofs,
+    seconds spent on the proofs)."""
     start = time.perf_counter()
     states = torch.from_numpy(bits).view(torch.bfloat16).split(lengths)
     proofs = [b"".join(chunks) for chunks in build_proofs_batch(list(states))]
-    return proofs, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    written = write_rollouts(path, {**columns, "proofs": proofs}, meta)
+    return written, proofs, seconds
 
 
-class ProofProcess:
-    """Builds TOPLOC proofs in one child process, spawned on creation."""
+class FinishProcess:
+    """Builds a file's TOPLOC proofs and writes it in one child process, spawned on creation."""
 
     def __init__(self) -> None:
         self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_child_setup)
 
-    def attach(self, batch: RolloutBatch) -> None:
-        """``rollout.attach_proofs``, computed in the child: same bytes."""
+    def finish(self, path: Path, batch: RolloutBatch, meta: RolloutMeta) -> Path:
+        """``attach_proofs`` then ``write_rollouts``, in the child: same proof bytes, same file."""
         states = [g.hidden for g in batch.generations]
         bits = torch.cat(states).view(torch.int16).numpy()
-        proofs, seconds = self._pool.submit(_build_in_child, bits, [len(s) for s in states]).result()
+        columns = {k: v for k, v in batch.columns.items() if k != "proofs"}
+        written, proofs, seconds = self._pool.submit(
+            _finish_in_child, path, columns, meta, bits, [len(s) for s in states]).result()
         batch.columns["proofs"] = proofs
         batch.proof_seconds = seconds
+        return written
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -76,7 +86,7 @@ class FileFinisher:
 
     ``submit`` first waits for the file before it (so one file at most is in flight and
     memory stays bounded); that wait is the only time proof building holds up the
-    caller, and ``wait_seconds`` adds it up. Proofs are built in a ``ProofProcess`` when
+    caller, and ``wait_seconds`` adds it up. Proofs are built in a ``FinishProcess`` when
     ``processes`` is true, else in the thread itself. ``on_written(path, batch, meta,
     waited)`` runs in the thread after each write. An error in the thread is raised by
     the next ``submit``, ``in_flight`` or ``close``.
@@ -84,7 +94,7 @@ class FileFinisher:
 
     def __init__(self, on_written: Callable[[Path, RolloutBatch, RolloutMeta, float], None] | None = None,
                  processes: bool = True) -> None:
-        self._prover = ProofProcess() if processes else None
+        self._child = FinishProcess() if processes else None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swarmrl-finisher")
         self._on_written = on_written
         self._future: Future | None = None
@@ -115,8 +125,8 @@ class FileFinisher:
             self._wait()
         finally:
             self._pool.shutdown(wait=True)
-            if self._prover is not None:
-                self._prover.close()
+            if self._child is not None:
+                self._child.close()
 
     def _wait(self) -> float:
         if self._future is None:
@@ -132,11 +142,11 @@ class FileFinisher:
         return waited
 
     def _finish(self, path: Path, batch: RolloutBatch, meta: RolloutMeta, waited: float) -> None:
-        if self._prover is not None:
-            self._prover.attach(batch)
+        if self._child is not None:
+            written = self._child.finish(path, batch, meta)
         else:
             attach_proofs(batch)
-        written = write_rollouts(path, batch.columns, meta)
+            written = write_rollouts(path, batch.columns, meta)
         self.written += 1
         if self._on_written is not None:
             self._on_written(written, batch, meta, waited)
