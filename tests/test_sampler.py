@@ -102,3 +102,23 @@ def test_any_causal_lm_runs_on_the_generic_path(tmp_path):
         lp = torch.log_softmax(out.logits[0, rows], -1).gather(-1, torch.tensor(gen.tokens)[:, None])[:, 0]
         np.testing.assert_allclose(lp.numpy(), gen.logprobs, atol=1e-4)
         assert torch.allclose(out.hidden_states[-1][0, rows].bfloat16().float(), gen.hidden.float(), atol=2e-2)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_teacher_forced_states_match_the_models_own_forward(kind):
+    """The validator's prefill (each distinct prompt once, completions batched by length)
+    gives, per completion token, the final-norm state of one full forward."""
+    from swarmrl.inference.fast_llama import continuation_states, fast_decoder
+
+    model, _ = random_model(kind)
+    prompts = [PROMPTS[0]] * 3 + [PROMPTS[1]] * 2 + [PROMPTS[3]]
+    completions = [[30, 31, 32, 33], [34], [35, 36, 37, 38, 39, 40, 41], [42, 43], [44, 45, 46], [47, 48]]
+    states = continuation_states(fast_decoder(model), prompts, completions, max_rows=2, token_budget=8)
+    for prompt, completion, got in zip(prompts, completions, states):
+        with torch.no_grad():
+            full = model.model(input_ids=torch.tensor([prompt + completion[:-1]])).last_hidden_state[0]
+        want = full[len(prompt) - 1:]
+        assert got.shape == (len(completion), model.config.hidden_size)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="at least one token"):
+        continuation_states(fast_decoder(model), [[5]], [[]])

@@ -14,8 +14,8 @@ Loop:
    process) that builds its TOPLOC proofs and writes
    `rollouts/step_<s>/<address>-<counter>.parquet` atomically, and go back to 1: proofs
    are built while the next file is generated, off the generation's critical path. One
-   file at most is in flight; the loop counts it as submitted when it picks the next
-   step and counter.
+   file at most is in flight; it takes a counter number but does not count toward its
+   step's samples until it is written.
 
 The trainer's current step is the newest checkpoint's step: the trainer is always
 building checkpoint n+1 from step-n rollouts while checkpoint n is the newest. On one
@@ -173,12 +173,14 @@ def run_worker(cfg: RunConfig, address: str) -> int:
                 time.sleep(cfg.worker.poll_seconds)
                 continue
             pending = finisher.in_flight()
-
-            def usable(s: int, pending=pending) -> int:  # the file in flight counts as submitted
-                extra = pending.num_nonzero if pending is not None and pending.step == s else 0
-                return counter.count(s) + extra
-
-            step = choose_step(latest, policy_step, cfg.async_level, cfg.trainer.steps, usable, cfg.trainer.batch_samples)
+            # A step counts as served by what the trainer can see (written files), not by
+            # the file still in flight: until the trainer has its batch, a worker keeps
+            # sampling for the oldest step it still lacks, with the freshest policy.
+            # Counting the file in flight made workers run ahead to n + async_level on
+            # every step (staleness 2 throughout), and the default run then learned far
+            # less (held-out accuracy 0.74 instead of 0.98).
+            step = choose_step(latest, policy_step, cfg.async_level, cfg.trainer.steps, counter.count,
+                               cfg.trainer.batch_samples)
             if step is None:
                 time.sleep(cfg.worker.poll_seconds)
                 continue
