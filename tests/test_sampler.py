@@ -8,7 +8,6 @@ from swarmrl.checkpoints import load_policy
 from swarmrl.inference.sampler import SamplingParams, draw, sample, uniforms
 from tests.conftest import random_model
 
-
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17, 18, 19], [20]]
 
 

@@ -76,3 +76,22 @@ def test_an_error_in_the_background_is_raised_by_the_next_call(tmp_path):
     finisher.submit(tmp_path / "w-00000.parquet", batch, meta)
     with pytest.raises(OSError, match="disk full"):
         finisher.close()
+
+
+def test_a_killed_proof_process_is_replaced_and_the_file_still_written(tmp_path):
+    import os
+    import signal
+
+    from swarmrl.inference.finisher import FinishProcess
+
+    child = FinishProcess()
+    try:
+        os.kill(child.pid(), signal.SIGKILL)
+        batch, meta = _batch(0, proofs=False)
+        path = child.finish(tmp_path / "w-00000.parquet", batch, meta)
+        assert child.restarts == 1
+        table, _ = read_rollouts(path)
+        inline, _ = _batch(0, proofs=True)
+        assert table.column("proofs").to_pylist() == inline.columns["proofs"]
+    finally:
+        child.close()

@@ -16,11 +16,14 @@ core and costs the loop only pickling the columns and the hidden states (bf16, a
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
+import os
 import signal
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +33,8 @@ import torch
 from swarmrl.inference.rollout import RolloutBatch, attach_proofs
 from swarmrl.rollouts import RolloutMeta, write_rollouts
 from swarmrl.toploc import build_proofs_batch
+
+log = logging.getLogger("swarmrl.worker")
 
 
 def _child_setup() -> None:
@@ -52,21 +57,40 @@ def _finish_in_child(path: Path, columns: dict[str, list], meta: RolloutMeta, bi
 
 
 class FinishProcess:
-    """Builds a file's TOPLOC proofs and writes it in one child process, spawned on creation."""
+    """Builds a file's TOPLOC proofs and writes it in one child process, spawned on creation.
+
+    A child that dies (killed, out of memory) is replaced and the file retried once; the
+    write is atomic, so a file is never left half written.
+    """
 
     def __init__(self) -> None:
-        self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_child_setup)
+        self._pool = self._spawn()
+        self.restarts = 0
+
+    @staticmethod
+    def _spawn() -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_child_setup)
 
     def finish(self, path: Path, batch: RolloutBatch, meta: RolloutMeta) -> Path:
         """``attach_proofs`` then ``write_rollouts``, in the child: same proof bytes, same file."""
         states = [g.hidden for g in batch.generations]
-        bits = torch.cat(states).view(torch.int16).numpy()
-        columns = {k: v for k, v in batch.columns.items() if k != "proofs"}
-        written, proofs, seconds = self._pool.submit(
-            _finish_in_child, path, columns, meta, bits, [len(s) for s in states]).result()
+        job = (_finish_in_child, path, {k: v for k, v in batch.columns.items() if k != "proofs"}, meta,
+               torch.cat(states).view(torch.int16).numpy(), [len(s) for s in states])
+        try:
+            written, proofs, seconds = self._pool.submit(*job).result()
+        except BrokenProcessPool:
+            log.warning("the proof process died; starting a new one and retrying %s", path.name)
+            self._pool.shutdown(wait=False)
+            self._pool = self._spawn()
+            self.restarts += 1
+            written, proofs, seconds = self._pool.submit(*job).result()
         batch.columns["proofs"] = proofs
         batch.proof_seconds = seconds
         return written
+
+    def pid(self) -> int:
+        """The child's process id (starting it if it is not running yet)."""
+        return self._pool.submit(os.getpid).result()
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -37,7 +37,6 @@ from swarmrl.validator import checks
 from swarmrl.validator.prefill import recompute
 from swarmrl.validator.sampling_test import replay, sampling_statistics
 
-
 # TOPLOC thresholds calibrated for fp32 workers and validators (docs/validator.md): over
 # 2,048 honest samples on the tiny model, across batch sizes 64-1,024 and 1-2 threads,
 # the worst chunk had 2 exponent mismatches, mean mantissa error 0.008 and median 0.
