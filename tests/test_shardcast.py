@@ -309,6 +309,49 @@ def test_hanging_server_times_out_and_another_server_is_used(origin, tmp_path):
     assert elapsed < 15
 
 
+def test_trickling_server_is_cut_off_below_the_minimum_rate(origin, tmp_path):
+    """A server that sends a few bytes every so often (never quiet for `timeout`) loses
+    the shard at the rate floor; the download completes from the other server."""
+    publisher, server, checkpoint = origin
+
+    async def passthrough(request):
+        return web.FileResponse(publisher.root / request.path.lstrip("/"))
+
+    async def trickle(request):
+        size = (publisher.root / request.path.lstrip("/")).stat().st_size
+        response = web.StreamResponse(headers={"Content-Length": str(size)})
+        await response.prepare(request)
+        for _ in range(size // 64):
+            await response.write(b"\0" * 64)  # 64 bytes per 0.1 s: 640 B/s
+            await asyncio.sleep(0.1)
+        return response
+
+    app = web.Application()
+    app.router.add_get("/distribution.txt", passthrough)
+    app.router.add_get("/data1.bin", passthrough)
+    app.router.add_get("/v5/manifest.json", passthrough)
+    app.router.add_get("/v5/{name}", trickle)
+    port = free_port()
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    trickling = f"http://127.0.0.1:{port}"
+    try:
+        started = time.monotonic()
+        # floor 32 KiB/s: a 32 KiB shard is given timeout + 1 s, instead of 51 s at 640 B/s
+        result = fetch([trickling, server.url], 5, tmp_path / "dest", concurrency=4, timeout=0.5, min_rate=32 * 1024)
+        elapsed = time.monotonic() - started
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+    assert same_tree(checkpoint, result.path)
+    assert any(s == trickling and "slower than 32 KiB/s" in why for _, s, why in result.failures)
+    assert elapsed < 15
+
+
 def test_unknown_version_is_a_clear_error(origin, tmp_path):
     _, server, _ = origin
     with pytest.raises(VersionUnavailableError, match=r"no server lists v99: http://127.0.0.1:\d+: lists v5"):

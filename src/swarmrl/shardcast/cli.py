@@ -19,7 +19,7 @@ import sys
 import threading
 from pathlib import Path
 
-from swarmrl.shardcast.client import FetchError, fetch
+from swarmrl.shardcast.client import MIN_RATE, FetchError, fetch
 from swarmrl.shardcast.relay import Relay
 from swarmrl.shardcast.server import DEFAULT_HOST, serve_forever, start_server
 from swarmrl.shardcast.store import VersionStore
@@ -59,7 +59,7 @@ def run_fetch(args: argparse.Namespace) -> int:
     try:
         result = fetch(
             _urls(args.servers), args.version, args.dest, concurrency=args.concurrency, timeout=args.timeout,
-            wait_s=args.wait_s, progress=not args.quiet, unpack_archive=not args.archive_only,
+            min_rate=args.min_rate_kib * 1024 if args.min_rate_kib > 0 else None, wait_s=args.wait_s, progress=not args.quiet, unpack_archive=not args.archive_only,
         )
     except FetchError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -93,6 +93,8 @@ def register(subparsers) -> None:
     fetch_cmd.add_argument("--dest", type=Path, required=True, help="directory that receives v<N>/")
     fetch_cmd.add_argument("--concurrency", type=int, default=8, help="shards downloaded at once")
     fetch_cmd.add_argument("--timeout", type=float, default=10.0, help="seconds without data before a request fails")
+    fetch_cmd.add_argument("--min-rate-kib", type=float, default=MIN_RATE / 1024,
+                           help="KiB/s below which a shard download is abandoned and retried elsewhere (0: no floor)")
     fetch_cmd.add_argument("--wait-s", type=float, default=0.0, help="seconds to wait for the version to be listed")
     fetch_cmd.add_argument("--quiet", action="store_true", help="no progress bar")
     fetch_cmd.add_argument("--archive-only", action="store_true", help="keep the verified tar as v<N>.tar, do not unpack")

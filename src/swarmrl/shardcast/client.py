@@ -13,7 +13,9 @@ How a download goes (DESIGN §4.4):
    ``heal`` so a server that failed is tried again later. A failed or corrupt shard is
    retried on a server that has not failed it yet, up to ``max_attempts`` times, with
    exponential backoff; bytes that failed their check are overwritten by the retry and
-   the file is never renamed into place unless its whole-file BLAKE3 matches.
+   the file is never renamed into place unless its whole-file BLAKE3 matches. A server
+   that stops sending for ``timeout`` seconds, or sends a shard slower than
+   ``min_rate`` bytes/s on average (``MIN_RATE`` by default), fails that shard.
 4. Bytes go straight from the socket buffer to their offset in ``<dest>/.v<N>.partial/
    archive.tar`` (memory use is ``concurrency`` × 2 MiB whatever the file size); a log of
    finished shards lets a later call resume. At the end the whole file is hashed, the tar
@@ -59,6 +61,10 @@ log = logging.getLogger(__name__)
 
 ALPHA = 0.3
 HEAL = 0.02
+MIN_RATE = 64 * 1024
+"""Default floor (bytes/s) for one shard from one server: a shard still incomplete
+``timeout + size / MIN_RATE`` seconds after its request is abandoned and retried on
+another server, so a server that trickles bytes cannot hold a shard forever."""
 
 
 class FetchError(RuntimeError):
@@ -280,6 +286,7 @@ class ShardDownloader:
         *,
         concurrency: int = 8,
         timeout: float = 10.0,
+        min_rate: float | None = MIN_RATE,
         max_attempts: int = 6,
         backoff_s: float = 0.1,
         stats: TransferStats | None = None,
@@ -295,6 +302,7 @@ class ShardDownloader:
         self.target = target
         self.concurrency = concurrency
         self.timeout = timeout
+        self.min_rate = min_rate
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
         self.stats = stats or TransferStats()
@@ -401,7 +409,7 @@ class ShardDownloader:
 
             start = time.perf_counter()
             try:
-                get_stream(f"{server}/{name}", sink, self.timeout, buffer=buffer)
+                get_stream(f"{server}/{name}", sink, self.timeout, buffer=buffer, min_rate=self.min_rate)
                 if expected is not None and written != expected:
                     raise TransferError(f"shard is {written} bytes, expected {expected}")
                 if self.shard_size is not None and self.expected_size(index) is None and written > self.shard_size:
@@ -540,6 +548,7 @@ def download_file(
     on_shard: Callable[[int, ShardInfo], None] | None = None,
     concurrency: int = 8,
     timeout: float = 10.0,
+    min_rate: float | None = MIN_RATE,
     max_attempts: int = 6,
     stats: TransferStats | None = None,
     on_bytes: Callable[[int], None] | None = None,
@@ -556,8 +565,8 @@ def download_file(
         return archive, 0 if index == 0 else index * downloader.shard_size
 
     downloader = ShardDownloader(
-        source, chooser, target, concurrency=concurrency, timeout=timeout, max_attempts=max_attempts,
-        stats=stats, on_shard=on_shard, on_bytes=on_bytes, candidates=candidates,
+        source, chooser, target, concurrency=concurrency, timeout=timeout, min_rate=min_rate,
+        max_attempts=max_attempts, stats=stats, on_shard=on_shard, on_bytes=on_bytes, candidates=candidates,
     )
     if source.manifest is None and done:
         raise ValueError("resuming needs a manifest: without one the shard offsets are unknown")
@@ -611,6 +620,7 @@ def fetch(
     *,
     concurrency: int = 8,
     timeout: float = 10.0,
+    min_rate: float | None = MIN_RATE,
     max_attempts: int = 6,
     wait_s: float = 0.0,
     progress: bool = False,
@@ -646,7 +656,7 @@ def fetch(
         with bar:
             download_file(
                 source, archive, done=done, on_shard=record, concurrency=concurrency, timeout=timeout,
-                max_attempts=max_attempts, stats=stats, on_bytes=bar.advance,
+                min_rate=min_rate, max_attempts=max_attempts, stats=stats, on_bytes=bar.advance,
                 candidates=[normalize_server(s) for s in servers],
             )
         done_log.close()

@@ -7,12 +7,15 @@ asyncio client that allocates a ``bytes`` object per chunk (measured on loopback
 docs/shardcast.md). The subset is small on purpose: GET, optional Range, a body with
 Content-Length (the reference server and ours both send one), ``Connection: close``.
 ``timeout`` bounds the connect and every wait for bytes, so a server that hangs costs
-at most ``timeout`` seconds per attempt.
+at most ``timeout`` seconds per attempt; ``min_rate`` bounds the whole body, so a
+server that trickles (a byte now and then, never quiet for ``timeout``) costs at most
+``timeout + length / min_rate`` seconds.
 """
 
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -51,11 +54,16 @@ def get_stream(
     timeout: float,
     byte_range: tuple[int, int] | None = None,
     buffer: bytearray | None = None,
+    min_rate: float | None = None,
 ) -> int:
     """GET ``url`` and pass the body to ``sink`` in buffer-sized pieces; return the body length.
 
-    ``byte_range`` is (first, last) inclusive and requires a 206 answer.
+    ``byte_range`` is (first, last) inclusive and requires a 206 answer. With
+    ``min_rate`` (bytes per second), a body not complete ``timeout + length / min_rate``
+    seconds after the request is abandoned with a ``TransferError``.
     """
+    started = time.monotonic()
+    deadline = None
     sock, request = _connect(url, timeout)
     buffer = buffer if buffer is not None else bytearray(BUFFER_SIZE)
     view = memoryview(buffer)
@@ -87,12 +95,21 @@ def get_stream(
         if "content-length" not in headers or not headers["content-length"].isdigit():
             raise TransferError(f"GET {url}: the server sent no Content-Length; shard servers must send one")
         length = int(headers["content-length"])
+        deadline = None if min_rate is None else started + timeout + length / min_rate
         body_start = bytes(head[header_end + 4 :])
         filled = min(len(body_start), length)
         view[:filled] = body_start[:filled]
         received = filled
         while received < length or filled:
             if received < length and filled < len(buffer):
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TransferError(
+                            f"GET {url}: slower than {min_rate / 1024:.0f} KiB/s ({received} of {length} bytes "
+                            f"in {time.monotonic() - started:.1f} s)"
+                        )
+                    sock.settimeout(min(timeout, left))
                 n = sock.recv_into(view[filled : min(len(buffer), filled + length - received)])
                 if n == 0:
                     raise TransferError(f"GET {url}: connection closed after {received} of {length} body bytes")
@@ -104,6 +121,10 @@ def get_stream(
             filled = 0
         return length
     except socket.timeout as exc:
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TransferError(
+                f"GET {url}: slower than {min_rate / 1024:.0f} KiB/s (gave up after {time.monotonic() - started:.1f} s)"
+            ) from exc
         raise TransferError(f"GET {url}: no data for {timeout} s (server hung?)") from exc
     except OSError as exc:
         raise TransferError(f"GET {url}: {exc}") from exc
