@@ -13,6 +13,7 @@ from pathlib import Path
 from swarmrl.checkpoints import list_checkpoints
 from swarmrl.rollouts import RolloutMeta, read_rollouts, write_rollouts
 from swarmrl.trainer.trainer import read_metrics
+from swarmrl.validator.service import read_verdicts
 
 SMALL = ["--trainer.batch_samples", "16", "--worker.prompts_per_file", "2", "--sampling.group_size", "4",
          "--task.eval_size", "32", "--trainer.optimizer_steps", "2"]
@@ -43,7 +44,7 @@ def test_run_async2_respects_the_bound_and_survives_bad_files(tmp_path, warm_mod
     _stale_file(step3, step=3, policy_step=0)
     (step3 / "garbage-00000.parquet").write_bytes(b"not parquet at all")
     proc = _swarmrl("run", "--model.path", str(warm_model_dir), "--output_dir", str(out), "--run_name", "t",
-                    "--trainer.steps", "5", "--async_level", "2", *SMALL, timeout=400)
+                    "--trainer.steps", "5", "--async_level", "2", "--validator.fraction", "1", *SMALL, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "t" / "summary.json").read_text())
     for key in ("accuracy_before", "accuracy_after", "length_error_before", "length_error_after", "steps", "wall_seconds"):
@@ -77,6 +78,19 @@ def test_run_async2_respects_the_bound_and_survives_bad_files(tmp_path, warm_mod
     checked = next(f for f in worker_files if read_rollouts(f)[0].column("policy_step")[0].as_py() in kept)
     verdict = _swarmrl("validate", str(checked), "--json", timeout=120)
     assert verdict.returncode == 0, verdict.stdout + verdict.stderr
+    # The run's validator process judged every file (fraction 1): the workers' honest
+    # files are accepted (or skipped once their checkpoint was pruned), the planted
+    # stale file is rejected and the garbage file is unusable.
+    verdicts = {"/".join(Path(v["file"]).parts[-2:]): v for v in read_verdicts(out / "t")}
+    assert verdicts["step_000003/planted-00000.parquet"]["status"] == "rejected"
+    assert "consistency" in verdicts["step_000003/planted-00000.parquet"]["failed_checks"]
+    assert verdicts["step_000003/garbage-00000.parquet"]["status"] == "unusable"
+    honest = [v for name, v in verdicts.items() if "/worker-" in name]
+    assert len(honest) == len(list((out / "t" / "rollouts").glob("step_*/worker-*.parquet")))
+    assert all(v["status"] in ("accepted", "skipped") for v in honest), [v for v in honest if v["status"] != "accepted"]
+    assert sum(v["status"] == "accepted" for v in honest) >= 5
+    counts = summary["validation"]
+    assert counts["fraction"] == 1 and counts["rejected"] == 1 and counts["unusable"] == 1
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen:

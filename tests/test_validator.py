@@ -115,3 +115,50 @@ def test_cli_skips_files_not_selected(tmp_path, capsys):
     secret.write_bytes(b"s")
     code, out = _run_cli(["validate", str(path), "--fraction", "0", "--secret-file", str(secret)], capsys)
     assert code == 0 and "skipped" in out.out
+
+
+def test_validator_service_secret_and_verdicts_without_a_model(tmp_path):
+    """The run secret is made once (0600); a file whose checkpoint is gone is skipped, one
+    claiming a policy newer than its step is rejected; verdict lines are counted."""
+    import json
+    import os
+
+    from swarmrl.config import load_config
+    from swarmrl.rollouts import RolloutMeta, write_rollouts
+    from swarmrl.validator.service import (
+        _Policies,
+        judge,
+        run_secret,
+        validator_dir,
+        verdict_counts,
+    )
+
+    run_dir = tmp_path / "run"
+    secret = run_secret(run_dir)
+    assert len(secret) == 32 and run_secret(run_dir) == secret
+    assert os.stat(validator_dir(run_dir) / "secret").st_mode & 0o777 == 0o600
+
+    def planted(name: str, step: int, policy_step: int):
+        n = 2
+        cols = {"problem_id": ["p"] * n, "input_tokens": [[5, 6]] * n, "output_tokens": [[7, 2]] * n,
+                "output_logprobs": [[-1.0, -1.0]] * n, "rewards": [1.0, 0.0], "task_rewards": [1.0, 0.0],
+                "length_penalties": [0.0] * n, "advantages": [1.0, -1.0], "target_lengths": [-1] * n,
+                "policy_step": [policy_step] * n, "seed": [0, 1], "proofs": [b""] * n}
+        meta = RolloutMeta(run_id="r", worker_address="w", step=step, submission=0, num_samples=n, num_nonzero=n)
+        return write_rollouts(run_dir / "rollouts" / f"step_{step:06d}" / name, cols, meta)
+
+    cfg = load_config(None, {"run_name": "r"})
+    policies = _Policies(run_dir / "checkpoints")
+    pruned = judge(planted("a.parquet", 5, 3), cfg, policies, settings=None)
+    future = judge(planted("b.parquet", 5, 7), cfg, policies, settings=None)
+    garbage = run_dir / "rollouts" / "step_000005" / "c.parquet"
+    garbage.write_bytes(b"not parquet")
+    unreadable = judge(garbage, cfg, policies, settings=None)
+    assert pruned.status == "skipped" and "pruned" in pruned.reason
+    assert future.status == "rejected" and "policy step 7 outside [3, 5]" in future.reason
+    assert future.failed_checks == ["consistency"]
+    assert unreadable.status == "unusable"
+    with open(validator_dir(run_dir) / "verdicts.jsonl", "w") as fh:
+        fh.writelines(json.dumps({"file": "x", "status": v.status}) + "\n" for v in (pruned, future, unreadable))
+        fh.write('{"file": "cut sh')  # a line cut short by a kill
+    assert verdict_counts(run_dir) == {"accepted": 0, "rejected": 1, "unusable": 1, "skipped": 1}

@@ -46,6 +46,15 @@ def _worker(args) -> int:
     return 0
 
 
+def _validator(args) -> int:
+    from swarmrl.validator.service import run_validator
+
+    cfg = config_from_args(args)
+    counts = run_validator(cfg)
+    print(f"validator: {json.dumps(counts)}", flush=True)
+    return 0
+
+
 def _eval(args) -> int:
     from swarmrl.evaluation import evaluate
     from swarmrl.tasks.registry import build_task
@@ -86,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(p)
     p.add_argument("--address", required=True, help="this worker's address (names its rollout files and seeds its assignments)")
     p.set_defaults(func=_worker)
+
+    p = sub.add_parser("validator", help="run the validator process of a run: judge a secret random fraction of its rollout files as they arrive",
+                       description="Watch <run>/rollouts, validate the files chosen by HMAC(secret, file hash) < validator.fraction "
+                                   "with the claimed checkpoints, and append one verdict per judged file to "
+                                   "<run>/validator/verdicts.jsonl; stops when the trainer is done (docs/validator.md).")
+    add_config_arguments(p)
+    p.set_defaults(func=_validator)
 
     p = sub.add_parser("eval", help="evaluate a model directory on the configured task's held-out split")
     add_config_arguments(p)

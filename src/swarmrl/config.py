@@ -82,6 +82,13 @@ class TrainerConfig(_Section):
     seed: int = Field(0, description="trainer seed")
 
 
+class ValidatorConfig(_Section):
+    fraction: float = Field(0.1, ge=0, le=1, description="fraction of rollout files the validator process of `swarmrl run` checks, chosen by HMAC(secret, file hash) so a worker cannot tell which (0 = no validator process)")
+    toploc: Literal["fp32", "paper"] = Field("fp32", description="TOPLOC thresholds: fp32 (calibrated on fp32 models, 8/0.5/1) or paper (bf16 GPUs, 38/10/8)")
+    threads: int = Field(1, ge=1, description="torch threads for the validator process")
+    poll_seconds: float = Field(0.5, gt=0, description="how often the validator looks for new rollout files")
+
+
 class RunConfig(_Section):
     run_name: str = Field("default", description="name of the run; outputs go to <output_dir>/<run_name>")
     output_dir: str = Field("outputs", description="parent folder of run folders")
@@ -95,6 +102,7 @@ class RunConfig(_Section):
     worker: WorkerConfig = Field(default_factory=WorkerConfig, description="inference workers")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="GRPO trainer")
     shardcast: ShardcastConfig = Field(default_factory=ShardcastConfig, description="checkpoint broadcast")
+    validator: ValidatorConfig = Field(default_factory=ValidatorConfig, description="the validator process")
 
     @property
     def run_dir(self) -> Path:

@@ -1,11 +1,13 @@
 """`swarmrl run`: a whole swarm on one machine, from warm start to held-out evaluation.
 
-Starts the trainer and N inference workers as separate processes. Checkpoints travel
+Starts the trainer, N inference workers and a validator (judging a secret random
+fraction of the rollout files) as separate processes. Checkpoints travel
 trainer -> SHARDCAST origin (served from this process) -> a chain of relay processes ->
 workers; rollout files travel back through the run folder. Shows live progress from
 the trainer's metrics, stops everything if any process fails (printing its log tail),
 and finally evaluates the starting and the final checkpoint on the held-out split and
-writes `<output_dir>/<run_name>/summary.json`, including the bytes each server served.
+writes `<output_dir>/<run_name>/summary.json`, including the bytes each server served
+and the validator's verdict counts.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from swarmrl.evaluation import evaluate
 from swarmrl.model.build import ensure_default_model
 from swarmrl.tasks.registry import build_task
 from swarmrl.trainer.trainer import read_metrics
+from swarmrl.validator.service import verdict_counts
 
 
 class SwarmError(RuntimeError):
@@ -160,6 +163,8 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
     for i in range(cfg.worker.count):
         procs[f"worker-{i}"] = _spawn(["worker", "--config", str(config_path), "--address", f"worker-{i}"],
                                       logs / f"worker-{i}.log", cfg.worker.threads)
+    if cfg.validator.fraction > 0:
+        procs["validator"] = _spawn(["validator", "--config", str(config_path)], logs / "validator.log", cfg.validator.threads)
     metrics_path = run_dir / "metrics.jsonl"
     try:
         with Progress(TextColumn("[bold]GRPO"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
@@ -192,9 +197,9 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
                     break
                 time.sleep(0.5)
         for name, proc in procs.items():
-            if name.startswith("worker"):
+            if name.startswith("worker") or name == "validator":
                 try:
-                    proc.wait(timeout=60)
+                    proc.wait(timeout=120 if name == "validator" else 60)
                 except subprocess.TimeoutExpired:
                     pass
                 if proc.returncode not in (None, 0):
@@ -232,6 +237,7 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
         "trainer_idle_fraction": wait / busy if busy else None,
         "bytes_served": served,
         **_proof_figures(logs),
+        "validation": {"fraction": cfg.validator.fraction, **verdict_counts(run_dir)} if cfg.validator.fraction > 0 else None,
         "wall_seconds": round(time.time() - started, 1),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
