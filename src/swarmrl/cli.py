@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="train the configured model with a local swarm (trainer + workers) and evaluate it",
-                       description="Start a trainer and N inference workers on this machine, train with asynchronous GRPO, "
+                       description="Start a trainer, N inference workers, SHARDCAST relays and a validator on this machine, "
+                                   "train with asynchronous GRPO, "
                                    "evaluate the starting and final checkpoints, write <output_dir>/<run_name>/summary.json. "
                                    "Every option below is a config field; --config reads them from a TOML file.")
     add_config_arguments(p)
