@@ -14,7 +14,7 @@ side, in one process with T torch threads:
   the worker's own proof time as ``generate_rollouts`` reports it (whatever call
   rollout.py makes);
 - TOPLOC verification alone: ``verify_proofs_batch`` on the validator's recomputed
-  hidden states, against ``verify_proofs`` per sample (what the validator calls now);
+  hidden states, against ``verify_proofs`` per sample (the validator calls the batched one);
 - validation prefill: the validator's batched prefill of the same samples;
 - full validation: ``validate_rollouts`` (prefill plus every check).
 
