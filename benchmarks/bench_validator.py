@@ -35,12 +35,12 @@ import torch
 from swarmrl.assignment import assign
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import load_config
-from swarmrl.inference.rollout import generate_rollouts
+from swarmrl.inference.rollout import generate_rollouts, proof_column
 from swarmrl.inference.sampler import SamplingParams
 from swarmrl.model.build import WarmStartRecipe, ensure_default_model
 from swarmrl.rollouts import RolloutMeta, read_rollouts, write_rollouts
 from swarmrl.tasks.registry import build_task
-from swarmrl.toploc import build_proofs_batch, bytes_to_proofs, verify_proofs, verify_proofs_batch
+from swarmrl.toploc import bytes_to_proofs, verify_proofs, verify_proofs_batch
 from swarmrl.validator import validate_rollouts
 from swarmrl.validator.prefill import recompute
 
@@ -70,7 +70,7 @@ def main() -> None:
                                num_samples=len(cols["seed"]), num_nonzero=batch.num_nonzero)
             table, meta = read_rollouts(write_rollouts(Path(tmp) / f"{counter}.parquet", cols, meta))
             start = time.perf_counter()
-            proofs = [b"".join(p) for p in build_proofs_batch([g.hidden for g in batch.generations])]
+            proofs = proof_column([g.hidden for g in batch.generations])
             proof_seconds = time.perf_counter() - start
             assert proofs == cols["proofs"], "batched proofs differ from the worker's"
             start = time.perf_counter()

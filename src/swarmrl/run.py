@@ -67,7 +67,7 @@ def _spawn(args: list[str], log_path: Path, threads: int) -> subprocess.Popen:
 
 def _proof_figures(logs: Path) -> dict[str, float | None]:
     """From the workers' per-file logs: TOPLOC proof building's CPU time, and the time
-    generation waited for it (it runs in a background thread), each over generation time."""
+    generation waited for it (it is built off the generation loop), each over generation time."""
     gen = proofs = waited = 0.0
     for path in logs.glob("worker-*.jsonl"):
         for line in path.read_text().splitlines():

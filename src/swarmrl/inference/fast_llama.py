@@ -8,9 +8,10 @@ value stacked into one matrix, gate and up into another) and cached per model ob
 their order follow Hugging Face's Llama forward, so results agree with it to float
 rounding.
 
-Two users: the sampler (``sampler.py``: prefill, then one token at a time) and the
-validator's teacher-forced prefill (``continuation_states``: each distinct prompt once,
-then every sample's completion in one pass against its prompt's cache).
+Two users, both starting from ``prefill_prompts`` (each distinct prompt once): the
+sampler (``sampler.py``: then one token at a time) and the validator's teacher-forced
+prefill (``continuation_states``: then every sample's completion in one pass against its
+prompt's cache).
 """
 
 from __future__ import annotations
@@ -166,6 +167,43 @@ def fast_decoder(model: torch.nn.Module) -> FastLlama:
     return decoder
 
 
+@dataclass(frozen=True)
+class PromptPrefill:
+    """Each distinct prompt prefilled once (GRPO samples a prompt G times)."""
+
+    owner: torch.Tensor  # [n] row of each input prompt among the distinct ones
+    cache: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, keys and values [d, n_kv, width, head_dim]
+    last: torch.Tensor  # [d, hidden] final-norm state at each distinct prompt's last token
+    mask: torch.Tensor  # [d, width] real tokens (prompts are left-padded to the same width)
+    positions: torch.Tensor  # [d, width] position ids
+
+
+def prefill_prompts(decoder: FastLlama, prompts: list[list[int]], pad_id: int,
+                    token_budget: int | None = None) -> PromptPrefill:
+    """Prefill every distinct prompt once, in blocks of at most ``token_budget`` padded
+    tokens (one block when None)."""
+    distinct: dict[tuple[int, ...], int] = {}
+    owner = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompts])
+    ids, mask = left_pad([list(p) for p in distinct], pad_id)
+    n_distinct, width = ids.shape
+    dtype = decoder.embed.dtype
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    # A pad query row would attend to nothing (NaN); let it see itself. Its output is never used.
+    attend = (causal.unsqueeze(0) & mask.unsqueeze(1)) | torch.eye(width, dtype=torch.bool).unsqueeze(0)
+    shape = (n_distinct, decoder.n_kv, width, decoder.head_dim)
+    cache = [(torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype)) for _ in decoder.layers]
+    last = torch.empty(n_distinct, decoder.embed.shape[1], dtype=dtype)
+    step = n_distinct if token_budget is None else max(1, token_budget // width)
+    for lo in range(0, n_distinct, step):
+        hi = min(lo + step, n_distinct)
+        block_cache = [(k[lo:hi], v[lo:hi]) for k, v in cache]  # views: forward fills them
+        states = decoder.forward(ids[lo:hi], decoder.rotary(positions[lo:hi], dtype), attend[lo:hi].unsqueeze(1),
+                                 block_cache, 0)
+        last[lo:hi] = states[:, -1]
+    return PromptPrefill(owner, cache, last, mask, positions)
+
+
 @torch.inference_mode()
 def continuation_states(decoder: FastLlama, prompts: list[list[int]], continuations: list[list[int]], *,
                         pad_id: int = 0, token_budget: int = 8192, max_rows: int = 8) -> list[torch.Tensor]:
@@ -182,30 +220,15 @@ def continuation_states(decoder: FastLlama, prompts: list[list[int]], continuati
         raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
     if any(not p for p in prompts) or any(not c for c in continuations):
         raise ValueError("every prompt and every continuation needs at least one token")
-    distinct: dict[tuple[int, ...], int] = {}
-    owner = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompts])
-    ids, prompt_mask = left_pad([list(p) for p in distinct], pad_id)
-    n_distinct, width = ids.shape
+    pre = prefill_prompts(decoder, prompts, pad_id, token_budget)
+    owner, prompt_cache, last, prompt_mask = pre.owner, pre.cache, pre.last, pre.mask
+    width = prompt_mask.shape[1]
     dtype = decoder.embed.dtype
-    positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
-    # A pad query row would attend to nothing (NaN); let it see itself. Its output is never used.
-    mask = (causal.unsqueeze(0) & prompt_mask.unsqueeze(1)) | torch.eye(width, dtype=torch.bool).unsqueeze(0)
-    shape = (n_distinct, decoder.n_kv, width, decoder.head_dim)
-    prompt_cache = [(torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype)) for _ in decoder.layers]
-    last = torch.empty(n_distinct, decoder.embed.shape[1], dtype=dtype)
-    step = max(1, token_budget // width)
-    for lo in range(0, n_distinct, step):
-        hi = min(lo + step, n_distinct)
-        block_cache = [(k[lo:hi], v[lo:hi]) for k, v in prompt_cache]  # views: forward fills them
-        states = decoder.forward(ids[lo:hi], decoder.rotary(positions[lo:hi], dtype), mask[lo:hi].unsqueeze(1),
-                                 block_cache, 0)
-        last[lo:hi] = states[:, -1]
-    next_pos = positions[:, -1] + 1
+    next_pos = pre.positions[:, -1] + 1
 
     fed = [len(c) - 1 for c in continuations]  # tokens fed after the prompt
     results: list[torch.Tensor | None] = [None] * len(prompts)
-    for batch in _length_batches(fed, token_budget, max_rows):
+    for batch in length_batches(fed, token_budget, max_rows):
         rows = torch.tensor(batch)
         owners = owner[rows]
         feed = max(fed[i] for i in batch)
@@ -234,15 +257,17 @@ def continuation_states(decoder: FastLlama, prompts: list[list[int]], continuati
     return results  # type: ignore[return-value]
 
 
-def _length_batches(lengths: list[int], token_budget: int, max_rows: int) -> list[list[int]]:
+def length_batches(lengths: list[int], token_budget: int, max_rows: int | None = None) -> list[list[int]]:
     """Indices grouped longest first into batches of at most ``max_rows`` rows whose
     padded size (rows x longest) stays within ``token_budget`` (a longer lone row still
     gets a batch of its own)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches: list[list[int]] = []
     for i in order:
-        if batches and len(batches[-1]) < max_rows and lengths[batches[-1][0]] * (len(batches[-1]) + 1) <= token_budget:
-            batches[-1].append(i)
+        current = batches[-1] if batches else None
+        if (current is not None and (max_rows is None or len(current) < max_rows)
+                and lengths[current[0]] * (len(current) + 1) <= token_budget):
+            current.append(i)
         else:
             batches.append([i])
     return batches

@@ -30,9 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from swarmrl.inference.rollout import RolloutBatch, attach_proofs
+from swarmrl.inference.rollout import RolloutBatch, attach_proofs, proof_column
 from swarmrl.rollouts import RolloutMeta, write_rollouts
-from swarmrl.toploc import build_proofs_batch
 
 log = logging.getLogger("swarmrl.worker")
 
@@ -49,8 +48,7 @@ def _finish_in_child(path: Path, columns: dict[str, list], meta: RolloutMeta, bi
     ``lengths``), put them in the file's columns and write it. Returns (path, proofs,
     seconds spent on the proofs)."""
     start = time.perf_counter()
-    states = torch.from_numpy(bits).view(torch.bfloat16).split(lengths)
-    proofs = [b"".join(chunks) for chunks in build_proofs_batch(list(states))]
+    proofs = proof_column(list(torch.from_numpy(bits).view(torch.bfloat16).split(lengths)))
     seconds = time.perf_counter() - start
     written = write_rollouts(path, {**columns, "proofs": proofs}, meta)
     return written, proofs, seconds

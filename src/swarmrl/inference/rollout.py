@@ -9,11 +9,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import torch
+
 from swarmrl.assignment import Assignment
 from swarmrl.inference.sampler import Generation, SamplingParams, sample
 from swarmrl.rewards import group_advantages, has_signal, score_sample
 from swarmrl.tasks.base import Task
-from swarmrl.toploc import build_proofs_batch
+from swarmrl.toploc import build_proofs_batch, proofs_to_bytes
 
 
 @dataclass
@@ -86,12 +88,16 @@ def generate_rollouts(model, tokenizer, task: Task, assignment: Assignment, para
     return batch
 
 
-def attach_proofs(batch: RolloutBatch) -> None:
-    """Fill the batch's ``proofs`` column from its generations' hidden states, in place.
+def proof_column(states: list[torch.Tensor]) -> list[bytes]:
+    """The ``proofs`` values of a file: each sequence's TOPLOC chunk proofs, joined.
 
     One batched call for the whole file: several times cheaper than per sequence.
     """
+    return [proofs_to_bytes(chunks) for chunks in build_proofs_batch(states)]
+
+
+def attach_proofs(batch: RolloutBatch) -> None:
+    """Fill the batch's ``proofs`` column from its generations' hidden states, in place."""
     start = time.perf_counter()
-    built = build_proofs_batch([g.hidden for g in batch.generations])
-    batch.columns["proofs"] = [b"".join(chunks) for chunks in built]
+    batch.columns["proofs"] = proof_column([g.hidden for g in batch.generations])
     batch.proof_seconds = time.perf_counter() - start

@@ -30,6 +30,7 @@ from swarmrl.inference.fast_llama import (
     FastLlama,
     fast_decoder,
     left_pad,
+    prefill_prompts,
     supports_fast_path,
 )
 
@@ -91,29 +92,18 @@ def _fast_sample(dec: FastLlama, prompts: list[list[int]], seeds: np.ndarray, pa
     n = len(prompts)
     # GRPO samples a prompt G times: prefill each distinct prompt once, then copy its
     # cache rows to every sample of the group.
-    distinct: dict[tuple[int, ...], int] = {}
-    owner = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompts])
-    ids, prompt_mask = left_pad([list(p) for p in distinct], pad_id)
-    width = ids.shape[1]
+    pre = prefill_prompts(dec, prompts, pad_id)
+    owner, positions, prompt_mask = pre.owner, pre.positions, pre.mask
+    width = prompt_mask.shape[1]
     total = width + params.max_new_tokens
     dtype = dec.embed.dtype
-    positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
-    mask = causal.unsqueeze(0) & prompt_mask.unsqueeze(1)
-    # A pad query row would attend to nothing (NaN); let it see itdec. Its output is never used.
-    mask |= torch.eye(width, dtype=torch.bool).unsqueeze(0)
-    prefill_cache = [
-        (torch.empty(len(distinct), dec.n_kv, width, dec.head_dim, dtype=dtype),
-         torch.empty(len(distinct), dec.n_kv, width, dec.head_dim, dtype=dtype))
-        for _ in dec.layers
-    ]
-    hidden = dec.forward(ids, dec.rotary(positions, dtype), mask.unsqueeze(1), prefill_cache, 0)[:, -1][owner]
+    hidden = pre.last[owner]
     # Rotary tables for every decode position, computed once: position p is row p.
     max_pos = int(positions.max()) + 1 + params.max_new_tokens
     cos_all, sin_all = dec.rotary(torch.arange(max_pos).unsqueeze(0), dtype)
     lm_head = dec.lm_head
     cache = []
-    for k_pre, v_pre in prefill_cache:
+    for k_pre, v_pre in pre.cache:
         k = torch.empty(n, dec.n_kv, total, dec.head_dim, dtype=dtype)
         v = torch.empty(n, dec.n_kv, total, dec.head_dim, dtype=dtype)
         k[:, :, :width] = k_pre[owner]

@@ -12,8 +12,7 @@ def _validate(args: argparse.Namespace) -> int:
 
     from swarmrl.rollouts import file_hash
     from swarmrl.validator.verdict import (
-        FP32_TOPLOC,
-        PAPER_TOPLOC,
+        TOPLOC_PRESETS,
         ValidatorSettings,
         selected_for_validation,
         validate_file,
@@ -35,7 +34,7 @@ def _validate(args: argparse.Namespace) -> int:
         if not chosen:
             print(f"{args.file}: skipped: not among the {args.fraction:.0%} of files chosen for validation")
             return 0
-    chosen_settings = {"toploc": FP32_TOPLOC if args.toploc == "fp32" else PAPER_TOPLOC}
+    chosen_settings = {"toploc": TOPLOC_PRESETS[args.toploc]}
     if args.min_eos_prob is not None:
         chosen_settings["min_eos_prob"] = args.min_eos_prob
     settings = ValidatorSettings(**chosen_settings)

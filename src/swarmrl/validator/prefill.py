@@ -30,6 +30,7 @@ import torch
 from swarmrl.inference.fast_llama import (
     continuation_states,
     fast_decoder,
+    length_batches,
     supports_fast_path,
 )
 
@@ -58,17 +59,7 @@ class TokenStats:
 
 def _batches(lengths: list[int], token_budget: int) -> list[list[int]]:
     """Sample indices grouped by similar length so a padded batch stays within the budget."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    batches, current = [], []
-    for i in order:
-        width = lengths[i]  # ascending, so the newest member is the widest
-        if current and width * (len(current) + 1) > token_budget:
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
+    return length_batches(lengths, token_budget)
 
 
 def _distribution_stats(logits: torch.Tensor, tokens: torch.Tensor, temperature: float, top_p: float,

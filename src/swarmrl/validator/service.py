@@ -32,14 +32,14 @@ import torch
 
 from swarmrl.checkpoints import checkpoint_dir, load_policy
 from swarmrl.config import RunConfig
-from swarmrl.rollouts import RolloutFileError, file_hash, read_rollouts
+from swarmrl.rollouts import file_hash
 from swarmrl.validator import checks
 from swarmrl.validator.verdict import (
-    FP32_TOPLOC,
-    PAPER_TOPLOC,
+    TOPLOC_PRESETS,
     UnusableInput,
     ValidatorSettings,
     Verdict,
+    read_rollout_file,
     selected_for_validation,
     validate_rollouts,
 )
@@ -107,11 +107,9 @@ class _Policies:
 def judge(path: Path, cfg: RunConfig, policies: _Policies, settings: ValidatorSettings) -> Verdict:
     """One file's verdict with the run's config and the claimed checkpoint (never raises for bad input)."""
     try:
-        table, meta = read_rollouts(path)
-    except RolloutFileError as exc:
-        return Verdict("unusable", f"unusable: unreadable rollout file: {exc}")
-    if table.num_rows == 0:
-        return Verdict("unusable", "unusable: the file has no samples")
+        table, meta = read_rollout_file(path)
+    except UnusableInput as exc:
+        return Verdict("unusable", f"unusable: {exc}")
     policy_step = table.column("policy_step")[0].as_py()
     low = max(0, meta.step - cfg.async_level)
     if not low <= policy_step <= meta.step:
@@ -132,7 +130,7 @@ def run_validator(cfg: RunConfig) -> dict[str, int]:
     torch.set_num_threads(cfg.validator.threads)
     run_dir = cfg.run_dir
     secret = run_secret(run_dir)
-    settings = ValidatorSettings(toploc=FP32_TOPLOC if cfg.validator.toploc == "fp32" else PAPER_TOPLOC)
+    settings = ValidatorSettings(toploc=TOPLOC_PRESETS[cfg.validator.toploc])
     policies = _Policies(run_dir / "checkpoints")
     out_path = validator_dir(run_dir) / VERDICTS_FILE
     seen = {v["file"] for v in read_verdicts(run_dir)}

@@ -45,6 +45,7 @@ from swarmrl.validator.sampling_test import replay, sampling_statistics
 # 10% of their spread. Use PAPER_TOPLOC when workers run bf16.
 FP32_TOPLOC = ToplocThresholds(max_exp_mismatches=8, max_mant_err_mean=0.5, max_mant_err_median=1.0)
 PAPER_TOPLOC = ToplocThresholds()
+TOPLOC_PRESETS = {"fp32": FP32_TOPLOC, "paper": PAPER_TOPLOC}
 
 
 class ValidatorSettings(BaseModel):
@@ -178,19 +179,25 @@ def validate_rollouts(table: pa.Table, meta: RolloutMeta, model, tokenizer, cfg:
     return _rejected_or_accepted(results, figures)
 
 
-def _load(path: Path, model_dir: Path | None, config_path: Path | None):
+def read_rollout_file(path: Path) -> tuple[pa.Table, RolloutMeta]:
+    """The file's schema-checked table and metadata; ``UnusableInput`` if unreadable or empty."""
     try:
         table, meta = read_rollouts(path)
     except RolloutFileError as exc:
         raise UnusableInput(f"unreadable rollout file: {exc}") from None
+    if table.num_rows == 0:
+        raise UnusableInput(f"{path}: the file has no samples")
+    return table, meta
+
+
+def _load(path: Path, model_dir: Path | None, config_path: Path | None):
+    table, meta = read_rollout_file(path)
     run_dir = Path(path).resolve().parent.parent.parent
     config_path = Path(config_path) if config_path else run_dir / "config.json"
     try:
         cfg = load_config(config_path)
     except ConfigError as exc:
         raise UnusableInput(f"{exc} (pass --config)") from None
-    if table.num_rows == 0:
-        raise UnusableInput(f"{path}: the file has no samples")
     policy_step = table.column("policy_step")[0].as_py()
     model_dir = Path(model_dir) if model_dir else run_dir / "checkpoints" / f"step_{policy_step:06d}"
     from swarmrl.checkpoints import load_policy
