@@ -1,10 +1,11 @@
 """Batched, KV-cached sampling that also returns the final-norm hidden states.
 
 Design choices:
-- Llama-family models (llama, qwen2, mistral) run on a fast path: a static KV cache
-  allocated once, the model's own weights applied with plain torch ops, and finished
-  sequences dropped from the batch as they end (`transformers.generate` keeps computing
-  them). Any other causal LM runs on a generic path through the model's own forward
+- Llama-family models (llama, qwen2, mistral) in single or double precision run on a
+  fast path: each distinct prompt prefilled once, a KV cache grown a few slots at a
+  time, the model's own weights applied with plain torch ops (``fast_llama.py``), and
+  finished sequences dropped from the batch as they end (`transformers.generate` keeps
+  computing them). Any other causal LM runs on a generic path through the model's own forward
   with its cache. Both return the same things.
 - Randomness is per sample, not per batch: the uniform number that picks token t of a
   sample comes from a counter-based generator keyed by (sample seed, t). A sample's
@@ -35,6 +36,7 @@ from swarmrl.inference.fast_llama import (
 )
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+GROW_SLOTS = 8  # key/value cache growth per reallocation (see _fast_sample)
 
 
 @dataclass(frozen=True)
@@ -100,12 +102,16 @@ def _fast_sample(dec: FastLlama, prompts: list[list[int]], seeds: np.ndarray, pa
     hidden = pre.last[owner]
     # Rotary tables for every decode position, computed once: position p is row p.
     max_pos = int(positions.max()) + 1 + params.max_new_tokens
-    cos_all, sin_all = dec.rotary(torch.arange(max_pos).unsqueeze(0), dtype)
+    rotations = dec.rotary(torch.arange(max_pos).unsqueeze(0), dtype)[0, 0]  # [position, D/2]
     lm_head = dec.lm_head
+    # The key/value cache grows GROW_SLOTS slots at a time instead of being allocated at
+    # full length: the attention kernel reads each row's filled slots, and keeping rows
+    # close together in memory (small gaps) makes those cold reads measurably faster.
+    capacity = min(total, width + GROW_SLOTS)
     cache = []
     for k_pre, v_pre in pre.cache:
-        k = torch.empty(n, dec.n_kv, total, dec.head_dim, dtype=dtype)
-        v = torch.empty(n, dec.n_kv, total, dec.head_dim, dtype=dtype)
+        k = torch.empty(n, dec.n_kv, capacity, dec.head_dim, dtype=dtype)
+        v = torch.empty(n, dec.n_kv, capacity, dec.head_dim, dtype=dtype)
         k[:, :, :width] = k_pre[owner]
         v[:, :, :width] = v_pre[owner]
         cache.append((k, v))
@@ -124,7 +130,8 @@ def _fast_sample(dec: FastLlama, prompts: list[list[int]], seeds: np.ndarray, pa
     row_hidden = out_hidden.clone() if capture_hidden else None
     active = torch.arange(n)  # batch row -> sample index
     finished = torch.zeros(n, dtype=torch.bool)  # rows that drew EOS; they ride along until compaction
-    act_seeds = seeds.copy()
+    # Every uniform the loop may need, in one vectorized call: [batch row, step].
+    row_u = uniforms(seeds[:, None], np.arange(limit, dtype=np.uint64)[None, :])
 
     def flush(rows: torch.Tensor) -> None:
         out_tokens[active[rows]] = row_tokens[rows]
@@ -134,7 +141,7 @@ def _fast_sample(dec: FastLlama, prompts: list[list[int]], seeds: np.ndarray, pa
 
     for step in range(limit):
         logits = F.linear(hidden, *lm_head)
-        tok, logp = draw(logits, uniforms(act_seeds, step), params.temperature, params.top_p)
+        tok, logp = draw(logits, row_u[:, step], params.temperature, params.top_p)
         row_tokens[:, step] = tok
         row_logp[:, step] = logp
         if row_hidden is not None:
@@ -152,15 +159,18 @@ def _fast_sample(dec: FastLlama, prompts: list[list[int]], seeds: np.ndarray, pa
             row_tokens, row_logp = row_tokens[keep], row_logp[keep]
             row_hidden = row_hidden[keep] if row_hidden is not None else None
             finished = finished[keep]
-            act_seeds = act_seeds[keep.numpy()]
+            row_u = row_u[keep.numpy()]
             key_ok = key_ok[keep]
             cache = [(k[keep], v[keep]) for k, v in cache]
         slot = width + step
+        if slot == capacity:
+            capacity = min(total, capacity + GROW_SLOTS)
+            cache = [(_grown(k, slot, capacity), _grown(v, slot, capacity)) for k, v in cache]
         # One query per row sees every filled slot but the prompt's left padding; with
         # no padding at all there is nothing to mask. (A contiguous mask is much
         # faster in the CPU attention kernel than a strided view.)
         step_mask = None if no_padding else key_ok[:, : slot + 1].contiguous().view(len(active), 1, 1, slot + 1)
-        rotary = (cos_all[0, 0, next_pos].unsqueeze(1).unsqueeze(1), sin_all[0, 0, next_pos].unsqueeze(1).unsqueeze(1))
+        rotary = rotations[next_pos].view(len(active), 1, 1, -1)
         hidden = dec.forward(tok.unsqueeze(-1), rotary, step_mask, cache, slot)[:, -1]
         next_pos = next_pos + 1
     flush(torch.arange(len(active)))
@@ -170,6 +180,13 @@ def _fast_sample(dec: FastLlama, prompts: list[list[int]], seeds: np.ndarray, pa
     lengths = torch.where(eos, is_eos.int().argmax(dim=1) + 1, torch.full((n,), step + 1))
     return _collect(out_tokens, out_logp, out_hidden, lengths, eos)
 
+
+
+def _grown(cache: torch.Tensor, filled: int, capacity: int) -> torch.Tensor:
+    """A copy of ``cache`` [B, heads, slots, head_dim] with room for ``capacity`` slots."""
+    out = torch.empty(*cache.shape[:2], capacity, cache.shape[3], dtype=cache.dtype)
+    out[:, :, :filled] = cache[:, :, :filled]
+    return out
 
 
 def _collect(tokens, logp, hidden, lengths, eos) -> list[Generation]:
