@@ -53,6 +53,25 @@ def test_finished_sequences_stop_and_record_eos(warm_model_dir):
         assert np.all(g.logprobs <= 0)
 
 
+def test_rows_leaving_the_batch_and_cache_growth_change_nothing(warm_model_dir):
+    """The fast path drops finished rows mid-loop and grows its cache in steps; each
+    sample must still equal the generic path's (which does neither)."""
+    model, tok = load_policy(warm_model_dir)
+    params = SamplingParams(temperature=0.6, max_new_tokens=48, eos_token_id=tok.eos_token_id)
+    prompts = [tok(f"{a}+{b} think {t}\n")["input_ids"] for a, b, t in ((12, 7, 8), (345, 678, 40), (9, 9, 16), (1234, 56, 32))]
+    prompts, seeds = [p for p in prompts for _ in range(6)], list(range(24))
+    fast = sample(model, prompts, seeds, params, pad_id=tok.pad_token_id, fast=True)
+    slow = sample(model, prompts, seeds, params, pad_id=tok.pad_token_id, fast=False)
+    lengths = [len(g.tokens) for g in fast]
+    # For this test to mean anything, an eighth of the rows must end at least 4 steps
+    # before the last one (the fast path then drops them) and the cache must grow.
+    assert sum(n <= max(lengths) - 4 for n in lengths) * 8 >= len(lengths), sorted(lengths)
+    for a, b in zip(fast, slow):
+        assert a.tokens == b.tokens and a.stopped_on_eos == b.stopped_on_eos
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+        assert torch.allclose(a.hidden.float(), b.hidden.float(), atol=2e-2)
+
+
 def test_uniforms_and_draw():
     u = uniforms(np.array([1, 2, 3], dtype=np.uint64), 0)
     assert u.shape == (3,) and np.all((u >= 0) & (u < 1))
