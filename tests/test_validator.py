@@ -11,6 +11,7 @@ from swarmrl.rewards import group_advantages
 from swarmrl.validator import checks, cli, selected_for_validation
 from swarmrl.validator.prefill import TokenStats, _batches
 from swarmrl.validator.sampling_test import kolmogorov_p, replay, sample_uniforms
+from tests.conftest import random_model
 
 
 def test_selection_is_deterministic_secret_dependent_and_hits_the_fraction():
@@ -162,3 +163,33 @@ def test_validator_service_secret_and_verdicts_without_a_model(tmp_path):
         fh.writelines(json.dumps({"file": "x", "status": v.status}) + "\n" for v in (pruned, future, unreadable))
         fh.write('{"file": "cut sh')  # a line cut short by a kill
     assert verdict_counts(run_dir) == {"accepted": 0, "rejected": 1, "unusable": 1, "skipped": 1}
+
+
+def test_checkpoint_pruned_while_the_validator_loads_it_is_a_skip(tmp_path):
+    """The trainer prunes old checkpoints while the validator runs: one that disappears
+    between the validator's check and its load makes the file skipped, not a crash."""
+    from swarmrl.checkpoints import checkpoint_dir, prune_checkpoints
+    from swarmrl.config import load_config
+    from swarmrl.rollouts import RolloutMeta, write_rollouts
+    from swarmrl.validator.service import _Policies, judge
+
+    run_dir = tmp_path / "run"
+    model, tok = random_model()
+    for step in (3, 4, 5):
+        model.save_pretrained(checkpoint_dir(run_dir / "checkpoints", step))
+        tok.save_pretrained(checkpoint_dir(run_dir / "checkpoints", step))
+    n = 2
+    cols = {"problem_id": ["p"] * n, "input_tokens": [[5, 6]] * n, "output_tokens": [[7, 2]] * n,
+            "output_logprobs": [[-1.0, -1.0]] * n, "rewards": [1.0, 0.0], "task_rewards": [1.0, 0.0],
+            "length_penalties": [0.0] * n, "advantages": [1.0, -1.0], "target_lengths": [-1] * n,
+            "policy_step": [3] * n, "seed": [0, 1], "proofs": [b""] * n}
+    meta = RolloutMeta(run_id="r", worker_address="w", step=5, submission=0, num_samples=n, num_nonzero=n)
+    path = write_rollouts(run_dir / "rollouts" / "step_000005" / "a.parquet", cols, meta)
+
+    class PrunedDuringLoad(_Policies):
+        def get(self, step):
+            prune_checkpoints(self.ckpt_root, keep=2)  # the trainer, right after the check
+            return super().get(step)
+
+    verdict = judge(path, load_config(None, {"run_name": "r"}), PrunedDuringLoad(run_dir / "checkpoints"), settings=None)
+    assert verdict.status == "skipped" and "pruned" in verdict.reason

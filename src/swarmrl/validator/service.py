@@ -116,10 +116,18 @@ def judge(path: Path, cfg: RunConfig, policies: _Policies, settings: ValidatorSe
         # Decidable without the checkpoint (which may never have existed, or be pruned).
         failure = checks.CheckFailure("consistency", None, f"policy step {policy_step} outside [{low}, {meta.step}] for step {meta.step}")
         return Verdict("rejected", f"rejected: consistency: file: {failure.detail}", (failure,))
+    pruned = Verdict("skipped", f"skipped: checkpoint {policy_step} was pruned before the file was judged")
     if not checkpoint_dir(policies.ckpt_root, policy_step).is_dir():
-        return Verdict("skipped", f"skipped: checkpoint {policy_step} was pruned before the file was judged")
+        return pruned
     try:
         model, tokenizer = policies.get(policy_step)
+    except Exception:
+        # The trainer may prune the checkpoint between the check above and the load
+        # (it keeps only the newest few): that is a skip, not a validator failure.
+        if not checkpoint_dir(policies.ckpt_root, policy_step).is_dir():
+            return pruned
+        raise
+    try:
         return validate_rollouts(table, meta, model, tokenizer, cfg, settings)
     except UnusableInput as exc:
         return Verdict("unusable", f"unusable: {exc}")
