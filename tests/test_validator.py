@@ -118,6 +118,19 @@ def test_cli_skips_files_not_selected(tmp_path, capsys):
     assert code == 0 and "skipped" in out.out
 
 
+def _planted(run_dir, name: str, step: int, policy_step: int):
+    """A tiny well-formed rollout file claiming ``policy_step`` for ``step``."""
+    from swarmrl.rollouts import RolloutMeta, write_rollouts
+
+    n = 2
+    cols = {"problem_id": ["p"] * n, "input_tokens": [[5, 6]] * n, "output_tokens": [[7, 2]] * n,
+            "output_logprobs": [[-1.0, -1.0]] * n, "rewards": [1.0, 0.0], "task_rewards": [1.0, 0.0],
+            "length_penalties": [0.0] * n, "advantages": [1.0, -1.0], "target_lengths": [-1] * n,
+            "policy_step": [policy_step] * n, "seed": [0, 1], "proofs": [b""] * n}
+    meta = RolloutMeta(run_id="r", worker_address="w", step=step, submission=0, num_samples=n, num_nonzero=n)
+    return write_rollouts(run_dir / "rollouts" / f"step_{step:06d}" / name, cols, meta)
+
+
 def test_validator_service_secret_and_verdicts_without_a_model(tmp_path):
     """The run secret is made once (0600); a file whose checkpoint is gone is skipped, one
     claiming a policy newer than its step is rejected; verdict lines are counted."""
@@ -125,7 +138,6 @@ def test_validator_service_secret_and_verdicts_without_a_model(tmp_path):
     import os
 
     from swarmrl.config import load_config
-    from swarmrl.rollouts import RolloutMeta, write_rollouts
     from swarmrl.validator.service import (
         _Policies,
         judge,
@@ -139,19 +151,10 @@ def test_validator_service_secret_and_verdicts_without_a_model(tmp_path):
     assert len(secret) == 32 and run_secret(run_dir) == secret
     assert os.stat(validator_dir(run_dir) / "secret").st_mode & 0o777 == 0o600
 
-    def planted(name: str, step: int, policy_step: int):
-        n = 2
-        cols = {"problem_id": ["p"] * n, "input_tokens": [[5, 6]] * n, "output_tokens": [[7, 2]] * n,
-                "output_logprobs": [[-1.0, -1.0]] * n, "rewards": [1.0, 0.0], "task_rewards": [1.0, 0.0],
-                "length_penalties": [0.0] * n, "advantages": [1.0, -1.0], "target_lengths": [-1] * n,
-                "policy_step": [policy_step] * n, "seed": [0, 1], "proofs": [b""] * n}
-        meta = RolloutMeta(run_id="r", worker_address="w", step=step, submission=0, num_samples=n, num_nonzero=n)
-        return write_rollouts(run_dir / "rollouts" / f"step_{step:06d}" / name, cols, meta)
-
     cfg = load_config(None, {"run_name": "r"})
     policies = _Policies(run_dir / "checkpoints")
-    pruned = judge(planted("a.parquet", 5, 3), cfg, policies, settings=None)
-    future = judge(planted("b.parquet", 5, 7), cfg, policies, settings=None)
+    pruned = judge(_planted(run_dir, "a.parquet", 5, 3), cfg, policies, settings=None)
+    future = judge(_planted(run_dir, "b.parquet", 5, 7), cfg, policies, settings=None)
     garbage = run_dir / "rollouts" / "step_000005" / "c.parquet"
     garbage.write_bytes(b"not parquet")
     unreadable = judge(garbage, cfg, policies, settings=None)
@@ -170,7 +173,6 @@ def test_checkpoint_pruned_while_the_validator_loads_it_is_a_skip(tmp_path):
     between the validator's check and its load makes the file skipped, not a crash."""
     from swarmrl.checkpoints import checkpoint_dir, prune_checkpoints
     from swarmrl.config import load_config
-    from swarmrl.rollouts import RolloutMeta, write_rollouts
     from swarmrl.validator.service import _Policies, judge
 
     run_dir = tmp_path / "run"
@@ -178,13 +180,7 @@ def test_checkpoint_pruned_while_the_validator_loads_it_is_a_skip(tmp_path):
     for step in (3, 4, 5):
         model.save_pretrained(checkpoint_dir(run_dir / "checkpoints", step))
         tok.save_pretrained(checkpoint_dir(run_dir / "checkpoints", step))
-    n = 2
-    cols = {"problem_id": ["p"] * n, "input_tokens": [[5, 6]] * n, "output_tokens": [[7, 2]] * n,
-            "output_logprobs": [[-1.0, -1.0]] * n, "rewards": [1.0, 0.0], "task_rewards": [1.0, 0.0],
-            "length_penalties": [0.0] * n, "advantages": [1.0, -1.0], "target_lengths": [-1] * n,
-            "policy_step": [3] * n, "seed": [0, 1], "proofs": [b""] * n}
-    meta = RolloutMeta(run_id="r", worker_address="w", step=5, submission=0, num_samples=n, num_nonzero=n)
-    path = write_rollouts(run_dir / "rollouts" / "step_000005" / "a.parquet", cols, meta)
+    path = _planted(run_dir, "a.parquet", 5, 3)
 
     class PrunedDuringLoad(_Policies):
         def get(self, step):
