@@ -90,7 +90,7 @@ def draw(logits: torch.Tensor, u: np.ndarray, temperature: float, top_p: float) 
 
 def _fast_sample(dec: FastLlama, prompts: list[list[int]], seeds: np.ndarray, params: SamplingParams,
                  pad_id: int, capture_hidden: bool) -> list[Generation]:
-    """The fast path: a static cache, each distinct prompt prefilled once, finished rows dropped."""
+    """The fast path: each distinct prompt prefilled once, a cache grown in steps, finished rows dropped."""
     n = len(prompts)
     # GRPO samples a prompt G times: prefill each distinct prompt once, then copy its
     # cache rows to every sample of the group.
