@@ -7,9 +7,10 @@ import argparse
 import numpy as np
 import torch
 
+from swarmrl.inference.fast_llama import length_batches
 from swarmrl.rewards import group_advantages
 from swarmrl.validator import checks, cli, selected_for_validation
-from swarmrl.validator.prefill import TokenStats, _batches
+from swarmrl.validator.prefill import TokenStats
 from swarmrl.validator.sampling_test import kolmogorov_p, replay, sample_uniforms
 from tests.conftest import random_model
 
@@ -86,7 +87,7 @@ def test_consistency_check_bounds_policy_step_and_groups():
 
 def test_prefill_batches_respect_the_token_budget():
     lengths = [5, 50, 7, 49, 20, 3]
-    batches = _batches(lengths, token_budget=100)
+    batches = length_batches(lengths, token_budget=100)
     assert sorted(i for b in batches for i in b) == list(range(6))
     assert all(max(lengths[i] for i in b) * len(b) <= 100 for b in batches)
 

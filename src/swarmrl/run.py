@@ -29,6 +29,7 @@ from rich.table import Table
 from swarmrl.checkpoints import checkpoint_dir, latest_checkpoint
 from swarmrl.config import RunConfig
 from swarmrl.evaluation import evaluate
+from swarmrl.jsonl import read_jsonl
 from swarmrl.model.build import ensure_default_model
 from swarmrl.tasks.registry import build_task
 from swarmrl.trainer.trainer import read_metrics
@@ -70,14 +71,13 @@ def _proof_figures(logs: Path) -> dict[str, float | None]:
     generation waited for it (it is built off the generation loop), each over generation time."""
     gen = proofs = waited = 0.0
     for path in logs.glob("worker-*.jsonl"):
-        for line in path.read_text().splitlines():
+        for record in read_jsonl(path):  # a line cut short by a killed worker is skipped
             try:
-                record = json.loads(line)
                 gen += record["gen_seconds"]
                 proofs += record["proof_seconds"]
                 waited += record.get("proof_wait_seconds", 0.0)
-            except (ValueError, KeyError, TypeError):
-                continue  # a line cut short by a killed worker
+            except (KeyError, TypeError):
+                continue
     return {"proof_share_of_generation": round(proofs / gen, 4) if gen else None,
             "proof_wait_share_of_generation": round(waited / gen, 4) if gen else None}
 

@@ -108,13 +108,7 @@ def _fast_sample(dec: FastLlama, prompts: list[list[int]], seeds: np.ndarray, pa
     # full length: the attention kernel reads each row's filled slots, and keeping rows
     # close together in memory (small gaps) makes those cold reads measurably faster.
     capacity = min(total, width + GROW_SLOTS)
-    cache = []
-    for k_pre, v_pre in pre.cache:
-        k = torch.empty(n, dec.n_kv, capacity, dec.head_dim, dtype=dtype)
-        v = torch.empty(n, dec.n_kv, capacity, dec.head_dim, dtype=dtype)
-        k[:, :, :width] = k_pre[owner]
-        v[:, :, :width] = v_pre[owner]
-        cache.append((k, v))
+    cache = [(_grown(k_pre[owner], width, capacity), _grown(v_pre[owner], width, capacity)) for k_pre, v_pre in pre.cache]
     key_ok = torch.ones(n, total, dtype=torch.bool)
     key_ok[:, :width] = prompt_mask[owner]
     no_padding = bool(prompt_mask.all())
@@ -181,7 +175,6 @@ def _fast_sample(dec: FastLlama, prompts: list[list[int]], seeds: np.ndarray, pa
     eos = is_eos.any(dim=1)
     lengths = torch.where(eos, is_eos.int().argmax(dim=1) + 1, torch.full((n,), step + 1))
     return _collect(out_tokens, out_logp, out_hidden, lengths, eos)
-
 
 
 def _grown(cache: torch.Tensor, filled: int, capacity: int) -> torch.Tensor:

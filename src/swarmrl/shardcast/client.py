@@ -145,7 +145,10 @@ class ServerChooser:
 
 
 def probe_servers(chooser: ServerChooser, timeout: float) -> None:
-    """Seed each server's bandwidth by timing ``data1.bin`` (in parallel)."""
+    """Seed each server's bandwidth by timing ``data1.bin`` (in parallel). With a single
+    server there is nothing to choose, so nothing is downloaded."""
+    if len(chooser.scores) < 2:
+        return
 
     def probe(server: str) -> tuple[str, float | None, bool]:
         start = time.perf_counter()
@@ -557,8 +560,7 @@ def download_file(
     """Fetch every shard not in ``done`` into the single file ``archive`` and check its BLAKE3."""
     stats = stats or TransferStats()
     chooser = ServerChooser(list(source.servers))
-    if len(source.servers) > 1:  # with one server there is nothing to choose: skip the probe download
-        probe_servers(chooser, timeout)
+    probe_servers(chooser, timeout)
 
     def target(index: int) -> tuple[Path, int]:
         # without a manifest shard 1 is fetched alone first and fixes the shard size

@@ -110,8 +110,7 @@ class Relay:
             return staging / shard_name(index), 0
 
         chooser = ServerChooser(list(source.servers))
-        if len(source.servers) > 1:  # with one upstream there is nothing to choose: skip the probe download
-            probe_servers(chooser, self.timeout)
+        probe_servers(chooser, self.timeout)
         downloader = ShardDownloader(
             source, chooser, target, concurrency=self.concurrency, timeout=self.timeout,
             max_attempts=self.max_attempts, stats=self.stats,

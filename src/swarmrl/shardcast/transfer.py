@@ -96,6 +96,11 @@ def get_stream(
             raise TransferError(f"GET {url}: the server sent no Content-Length; shard servers must send one")
         length = int(headers["content-length"])
         deadline = None if min_rate is None else started + timeout + length / min_rate
+
+        def too_slow() -> TransferError:
+            return TransferError(f"GET {url}: slower than {min_rate / 1024:.0f} KiB/s ({received} of {length} bytes "
+                                 f"in {time.monotonic() - started:.1f} s)")
+
         body_start = bytes(head[header_end + 4 :])
         filled = min(len(body_start), length)
         view[:filled] = body_start[:filled]
@@ -105,10 +110,7 @@ def get_stream(
                 if deadline is not None:
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        raise TransferError(
-                            f"GET {url}: slower than {min_rate / 1024:.0f} KiB/s ({received} of {length} bytes "
-                            f"in {time.monotonic() - started:.1f} s)"
-                        )
+                        raise too_slow()
                     sock.settimeout(min(timeout, left))
                 n = sock.recv_into(view[filled : min(len(buffer), filled + length - received)])
                 if n == 0:
@@ -122,9 +124,7 @@ def get_stream(
         return length
     except socket.timeout as exc:
         if deadline is not None and time.monotonic() >= deadline:
-            raise TransferError(
-                f"GET {url}: slower than {min_rate / 1024:.0f} KiB/s (gave up after {time.monotonic() - started:.1f} s)"
-            ) from exc
+            raise too_slow() from exc
         raise TransferError(f"GET {url}: no data for {timeout} s (server hung?)") from exc
     except OSError as exc:
         raise TransferError(f"GET {url}: {exc}") from exc

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swarmrl.tasks.base import Problem
-from swarmrl.tasks.loading import Field, load_problems, prompt_with_target
+from swarmrl.tasks.loading import Field, FileTask, load_problems
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class SandboxResult:
     output: str  # the tail of stdout and stderr together
 
 
-class CodeTask:
+class CodeTask(FileTask):
     """Programming problems from a JSONL or Parquet file, verified by running tests.
 
     Rows: `question` (or `prompt`, or `problem`): the problem text; `tests`: Python code
@@ -133,6 +133,7 @@ class CodeTask:
     """
 
     name = "code"
+    instruction = INSTRUCTION
 
     def __init__(
         self,
@@ -165,18 +166,6 @@ class CodeTask:
         self._split = load_problems(
             path, eval_path=eval_path, eval_size=eval_size, fields=FIELDS, make_problem=_make_problem
         )
-
-    def num_train(self) -> int:
-        return self._split.num_train()
-
-    def train_problem(self, index: int) -> Problem:
-        return self._split.train_problem(index)
-
-    def eval_problems(self) -> list[Problem]:
-        return self._split.eval_problems()
-
-    def render_prompt(self, problem: Problem, target_length: int | None) -> str:
-        return prompt_with_target(problem.question, INSTRUCTION, target_length)
 
     def score(self, problem: Problem, completion: str) -> float:
         result = run_solution(

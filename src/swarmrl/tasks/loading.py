@@ -92,6 +92,27 @@ class ProblemSplit:
         return list(self.held_out)
 
 
+class FileTask:
+    """The Task methods of a task whose problems come from the user's files: a subclass
+    sets ``instruction`` (the answer-format line of its prompts) and ``_split``, and
+    defines ``score``."""
+
+    instruction: str
+    _split: ProblemSplit
+
+    def num_train(self) -> int:
+        return self._split.num_train()
+
+    def train_problem(self, index: int) -> Problem:
+        return self._split.train_problem(index)
+
+    def eval_problems(self) -> list[Problem]:
+        return self._split.eval_problems()
+
+    def render_prompt(self, problem: Problem, target_length: int | None) -> str:
+        return prompt_with_target(problem.question, self.instruction, target_length)
+
+
 def prompt_with_target(question: str, instruction: str, target_length: int | None) -> str:
     """The question and the answer-format instruction, preceded by the paper's length
     instruction when there is a target."""

@@ -37,7 +37,7 @@ import weakref
 from pathlib import Path
 
 from swarmrl.tasks.base import Problem
-from swarmrl.tasks.loading import Field, load_problems, prompt_with_target
+from swarmrl.tasks.loading import Field, FileTask, load_problems
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ _DEADLINE_SLACK_S = 5.0
 _STARTUP_TIMEOUT_S = 120.0
 
 
-class MathTask:
+class MathTask(FileTask):
     """Question/answer problems from a JSONL or Parquet file, verified with math-verify.
 
     Rows: `question` (or `problem`, or `prompt`): the problem text; `answer`: the
@@ -67,6 +67,7 @@ class MathTask:
     """
 
     name = "math"
+    instruction = INSTRUCTION
 
     def __init__(
         self,
@@ -91,18 +92,6 @@ class MathTask:
         self._split = load_problems(
             path, eval_path=eval_path, eval_size=eval_size, fields=FIELDS, make_problem=_make_problem
         )
-
-    def num_train(self) -> int:
-        return self._split.num_train()
-
-    def train_problem(self, index: int) -> Problem:
-        return self._split.train_problem(index)
-
-    def eval_problems(self) -> list[Problem]:
-        return self._split.eval_problems()
-
-    def render_prompt(self, problem: Problem, target_length: int | None) -> str:
-        return prompt_with_target(problem.question, INSTRUCTION, target_length)
 
     def score(self, problem: Problem, completion: str) -> float:
         candidate = last_boxed(completion)

@@ -116,23 +116,16 @@ def build_proofs_batch(
     chunks with the same number of points share the modulus search, the interpolation
     and the encoding. Sequences may differ in length and hidden size.
     """
-    proofs: list[list[bytes]] = [[] for _ in activations]
-    by_points: dict[int, list[tuple[_TopEntries, np.ndarray]]] = {}
-    for group in _top_entries(activations, chunk_size, topk):
-        moduli = gf.injective_modulus(group.indices, group.n_values)
-        by_points.setdefault(group.indices.shape[1], []).append((group, moduli))
     placed: list[tuple[int, int, bytes]] = []
-    for members in by_points.values():
-        moduli = np.concatenate([m for _, m in members])
-        points = np.concatenate([g.indices % m[:, None] for g, m in members])
-        values = np.concatenate([g.bits % gf.P for g, _ in members])
-        encoded = encode_proofs(moduli, gf.interpolate(points, values))
-        sequences = np.concatenate([g.sequences for g, _ in members]).tolist()
-        chunks = np.concatenate([g.chunks for g, _ in members]).tolist()
+    for groups in _by_points(activations, chunk_size, topk):
+        moduli = np.concatenate([gf.injective_modulus(g.indices, g.n_values) for g in groups])
+        indices = np.concatenate([g.indices for g in groups])
+        values = np.concatenate([g.bits % gf.P for g in groups])
+        encoded = encode_proofs(moduli, gf.interpolate(indices % moduli[:, None], values))
+        sequences = np.concatenate([g.sequences for g in groups]).tolist()
+        chunks = np.concatenate([g.chunks for g in groups]).tolist()
         placed.extend(zip(sequences, chunks, encoded))
-    for sequence, _, proof in sorted(placed, key=lambda item: item[:2]):
-        proofs[sequence].append(proof)
-    return proofs
+    return _per_sequence(len(activations), placed)
 
 
 def verify_proofs(
@@ -209,25 +202,35 @@ def _verify_parsed(
     thresholds: ToplocThresholds,
 ) -> list[list[ChunkCheck]]:
     """Compare parsed proofs with the verifier's own top-k entries, all sequences at once."""
-    by_points: dict[int, list[_TopEntries]] = {}
-    for group in _top_entries(activations, chunk_size, topk):
-        by_points.setdefault(group.indices.shape[1], []).append(group)
-    placed: list[tuple[int, ChunkCheck]] = []
-    for groups in by_points.values():
-        sequences = np.concatenate([g.sequences for g in groups])
+    placed: list[tuple[int, int, ChunkCheck]] = []
+    for groups in _by_points(activations, chunk_size, topk):
         chunks = np.concatenate([g.chunks for g in groups])
-        owners = list(zip(sequences.tolist(), chunks.tolist()))
+        owners = list(zip(np.concatenate([g.sequences for g in groups]).tolist(), chunks.tolist()))
         moduli = np.array([parsed[s][c][0] for s, c in owners], dtype=np.int64)
         coeffs = np.stack([parsed[s][c][1] for s, c in owners])
         indices = np.concatenate([g.indices for g in groups])
         claimed = gf.evaluate(coeffs, indices % moduli[:, None])
         actual = np.concatenate([g.bits for g in groups])
         found = _compare(claimed, actual, chunks, topk, thresholds)
-        placed.extend(zip(sequences.tolist(), found))
-    checks: list[list[ChunkCheck]] = [[] for _ in activations]
-    for sequence, check in sorted(placed, key=lambda item: (item[0], item[1].chunk)):
-        checks[sequence].append(check)
-    return checks
+        placed.extend((s, c, check) for (s, c), check in zip(owners, found))
+    return _per_sequence(len(activations), placed)
+
+
+def _by_points(activations: Sequence[torch.Tensor], chunk_size: int, topk: int) -> list[list[_TopEntries]]:
+    """The top-k entries of every chunk, grouped by number of points k' (chunks with
+    the same k' share one modulus search, interpolation or evaluation pass)."""
+    groups: dict[int, list[_TopEntries]] = {}
+    for group in _top_entries(activations, chunk_size, topk):
+        groups.setdefault(group.indices.shape[1], []).append(group)
+    return list(groups.values())
+
+
+def _per_sequence(n: int, placed: list[tuple[int, int, object]]) -> list[list]:
+    """(sequence, chunk, item) triples into one list per sequence, in chunk order."""
+    out: list[list] = [[] for _ in range(n)]
+    for sequence, _, item in sorted(placed, key=lambda entry: entry[:2]):
+        out[sequence].append(item)
+    return out
 
 
 def _compare(

@@ -57,11 +57,6 @@ class TokenStats:
     prob: np.ndarray  # float64 [n]: q(token)
 
 
-def _batches(lengths: list[int], token_budget: int) -> list[list[int]]:
-    """Sample indices grouped by similar length so a padded batch stays within the budget."""
-    return length_batches(lengths, token_budget)
-
-
 def _distribution_stats(logits: torch.Tensor, tokens: torch.Tensor, temperature: float, top_p: float,
                         eos_id: int) -> dict[str, np.ndarray]:
     """Per row: the token's statistics under the sampler's distribution (see module docstring)."""
@@ -148,7 +143,7 @@ def _forward_states(model: torch.nn.Module, prompts: list[list[int]], completion
     lengths = [len(p) + len(c) - 1 for p, c in zip(prompts, completions)]
     base = model.base_model
     results: list[torch.Tensor | None] = [None] * len(prompts)
-    for batch in _batches(lengths, token_budget):
+    for batch in length_batches(lengths, token_budget):
         width = max(lengths[i] for i in batch)
         ids = torch.zeros(len(batch), width, dtype=torch.long)
         mask = torch.zeros(len(batch), width, dtype=torch.long)

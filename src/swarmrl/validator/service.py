@@ -32,6 +32,7 @@ import torch
 
 from swarmrl.checkpoints import checkpoint_dir, load_policy
 from swarmrl.config import RunConfig
+from swarmrl.jsonl import read_jsonl
 from swarmrl.rollouts import file_hash
 from swarmrl.validator import checks
 from swarmrl.validator.verdict import (
@@ -40,6 +41,7 @@ from swarmrl.validator.verdict import (
     ValidatorSettings,
     Verdict,
     read_rollout_file,
+    rejected_or_accepted,
     selected_for_validation,
     validate_rollouts,
 )
@@ -68,16 +70,7 @@ def run_secret(run_dir: Path) -> bytes:
 
 def read_verdicts(run_dir: Path) -> list[dict]:
     """Every verdict line written so far (a line cut short by a kill is skipped)."""
-    path = validator_dir(run_dir) / VERDICTS_FILE
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    return read_jsonl(validator_dir(run_dir) / VERDICTS_FILE)
 
 
 def verdict_counts(run_dir: Path) -> dict[str, int]:
@@ -108,26 +101,20 @@ def judge(path: Path, cfg: RunConfig, policies: _Policies, settings: ValidatorSe
     """One file's verdict with the run's config and the claimed checkpoint (never raises for bad input)."""
     try:
         table, meta = read_rollout_file(path)
-    except UnusableInput as exc:
-        return Verdict("unusable", f"unusable: {exc}")
-    policy_step = table.column("policy_step")[0].as_py()
-    low = max(0, meta.step - cfg.async_level)
-    if not low <= policy_step <= meta.step:
-        # Decidable without the checkpoint (which may never have existed, or be pruned).
-        failure = checks.CheckFailure("consistency", None, f"policy step {policy_step} outside [{low}, {meta.step}] for step {meta.step}")
-        return Verdict("rejected", f"rejected: consistency: file: {failure.detail}", (failure,))
-    pruned = Verdict("skipped", f"skipped: checkpoint {policy_step} was pruned before the file was judged")
-    if not checkpoint_dir(policies.ckpt_root, policy_step).is_dir():
-        return pruned
-    try:
-        model, tokenizer = policies.get(policy_step)
-    except Exception:
-        # The trainer may prune the checkpoint between the check above and the load
-        # (it keeps only the newest few): that is a skip, not a validator failure.
-        if not checkpoint_dir(policies.ckpt_root, policy_step).is_dir():
-            return pruned
-        raise
-    try:
+        policy_step = table.column("policy_step")[0].as_py()
+        low = max(0, meta.step - cfg.async_level)
+        if not low <= policy_step <= meta.step:
+            # Decidable without the checkpoint (which may never have existed, or be pruned).
+            failure = checks.CheckFailure("consistency", None, f"policy step {policy_step} outside [{low}, {meta.step}] for step {meta.step}")
+            return rejected_or_accepted([checks.CheckResult("consistency", (failure,))], {})
+        try:
+            model, tokenizer = policies.get(policy_step)
+        except Exception:
+            # The trainer keeps only the newest few checkpoints and may prune this one
+            # before or even during the load: that is a skip, not a validator failure.
+            if not checkpoint_dir(policies.ckpt_root, policy_step).is_dir():
+                return Verdict("skipped", f"skipped: checkpoint {policy_step} was pruned before the file was judged")
+            raise
         return validate_rollouts(table, meta, model, tokenizer, cfg, settings)
     except UnusableInput as exc:
         return Verdict("unusable", f"unusable: {exc}")

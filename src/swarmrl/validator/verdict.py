@@ -117,7 +117,7 @@ def _expected_prompts(cfg: RunConfig, meta: RolloutMeta, task, tokenizer) -> tup
     return expected, problems
 
 
-def _rejected_or_accepted(results: list[checks.CheckResult], figures: dict) -> Verdict:
+def rejected_or_accepted(results: list[checks.CheckResult], figures: dict) -> Verdict:
     failures = tuple(f for r in results for f in r.failures)
     if not failures:
         return Verdict("accepted", f"accepted: {len(results)} checks passed", (), figures)
@@ -144,14 +144,14 @@ def validate_rollouts(table: pa.Table, meta: RolloutMeta, model, tokenizer, cfg:
     results.append(checks.check_assignment(rows, expected))
     if not results[1].passed:
         # Rewards are only meaningful for the assigned problems; the assignment failure is the verdict.
-        return _rejected_or_accepted(results, {"samples": len(rows)})
+        return rejected_or_accepted(results, {"samples": len(rows)})
     task_rewards = [task.score(problems[pid], completion_text(tokenizer, out, eos_id))
                     for pid, out in zip(rows.problem_id, rows.output_tokens)]
     results.append(checks.check_values(rows, task_rewards, alpha=cfg.task.length_penalty, group_size=group,
                                        tolerance=settings.value_tolerance))
     if not results[0].passed:
         # Token ids or shapes the model cannot take: the consistency failure is the verdict.
-        return _rejected_or_accepted(results, {"samples": len(rows)})
+        return rejected_or_accepted(results, {"samples": len(rows)})
 
     hidden_size = model.config.hidden_size
     proofs = []
@@ -176,7 +176,7 @@ def validate_rollouts(table: pa.Table, meta: RolloutMeta, model, tokenizer, cfg:
                "prefill_seconds": round(prefill_seconds, 4), "seconds": round(time.perf_counter() - start, 4)}
     for r in results:
         figures.update({f"{r.name}.{k}": v for k, v in r.figures.items()})
-    return _rejected_or_accepted(results, figures)
+    return rejected_or_accepted(results, figures)
 
 
 def read_rollout_file(path: Path) -> tuple[pa.Table, RolloutMeta]:
