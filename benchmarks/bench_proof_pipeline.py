@@ -48,27 +48,58 @@ from swarmrl.tasks.registry import build_task
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=8, help="files per round and mode")
-    parser.add_argument("--rounds", type=int, default=8, help="rounds (modes alternate within each)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (the worker's default is 1)")
-    parser.add_argument("--model", type=Path, default=None, help="model directory [default: a cached 30-step warm start]")
+    parser.add_argument(
+        "--rounds", type=int, default=8, help="rounds (modes alternate within each)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (the worker's default is 1)"
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="model directory [default: a cached 30-step warm start]",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model_dir = args.model or ensure_default_model(Path(tempfile.gettempdir()) / "swarmrl-validator-tests", WarmStartRecipe(steps=30))
+    model_dir = args.model or ensure_default_model(
+        Path(tempfile.gettempdir()) / "swarmrl-validator-tests", WarmStartRecipe(steps=30)
+    )
     model, tok = load_policy(model_dir)
     cfg = load_config(None, {"run_name": "bench"})
     task = build_task(cfg.task)
-    params = SamplingParams(temperature=cfg.sampling.temperature, max_new_tokens=cfg.sampling.max_new_tokens,
-                            eos_token_id=tok.eos_token_id, top_p=cfg.sampling.top_p)
+    params = SamplingParams(
+        temperature=cfg.sampling.temperature,
+        max_new_tokens=cfg.sampling.max_new_tokens,
+        eos_token_id=tok.eos_token_id,
+        top_p=cfg.sampling.top_p,
+    )
     counter = 0
 
     def one_file(folder: Path, proofs: bool):
         nonlocal counter
         counter += 1
-        plan = assign(cfg.seed, "bench", 0, counter, num_problems=task.num_train(), prompts=cfg.worker.prompts_per_file,
-                      group_size=cfg.sampling.group_size, target_lengths=cfg.task.target_lengths)
-        batch = generate_rollouts(model, tok, task, plan, params, 0, cfg.task.length_penalty, proofs=proofs)
-        meta = RolloutMeta(run_id="bench", worker_address="bench", step=0, submission=counter,
-                           num_samples=len(batch.columns["seed"]), num_nonzero=batch.num_nonzero)
+        plan = assign(
+            cfg.seed,
+            "bench",
+            0,
+            counter,
+            num_problems=task.num_train(),
+            prompts=cfg.worker.prompts_per_file,
+            group_size=cfg.sampling.group_size,
+            target_lengths=cfg.task.target_lengths,
+        )
+        batch = generate_rollouts(
+            model, tok, task, plan, params, 0, cfg.task.length_penalty, proofs=proofs
+        )
+        meta = RolloutMeta(
+            run_id="bench",
+            worker_address="bench",
+            step=0,
+            submission=counter,
+            num_samples=len(batch.columns["seed"]),
+            num_nonzero=batch.num_nonzero,
+        )
         return folder / f"bench-{counter:05d}.parquet", batch, meta
 
     def run(mode: str, folder: Path) -> tuple[float, float, float]:
@@ -103,7 +134,9 @@ def main() -> None:
         for mode in modes:
             run(mode, Path(tmp))  # warm-up (and the child's start), not counted
         for r in range(args.rounds):
-            for mode in modes[r % len(modes):] + modes[: r % len(modes)]:  # rotate the order between rounds
+            for mode in (
+                modes[r % len(modes) :] + modes[: r % len(modes)]
+            ):  # rotate the order between rounds
                 wall, gen, proof = run(mode, Path(tmp))
                 walls[mode].append(wall / args.files)
                 gens[mode].append(gen / args.files)
@@ -112,13 +145,21 @@ def main() -> None:
     floor = statistics.median(walls["none"])
     gen_time = statistics.median(gens["none"])
     result = {
-        "files": args.files * args.rounds, "threads": args.threads,
+        "files": args.files * args.rounds,
+        "threads": args.threads,
         "generation_ms_per_file": round(gen_time * 1e3, 1),
         **{f"wall_ms_per_file_{m}": round(statistics.median(walls[m]) * 1e3, 1) for m in modes},
         **{f"proof_cpu_share_{m}": round(statistics.median(proof_cpu[m]), 4) for m in modes[1:]},
         # Paired within each round (the modes ran back to back), then the median over rounds.
-        **{f"{m}_overhead_share": round(statistics.median(
-            (w - w0) / g0 for w, w0, g0 in zip(walls[m], walls["none"], gens["none"])), 4) for m in modes[1:]},
+        **{
+            f"{m}_overhead_share": round(
+                statistics.median(
+                    (w - w0) / g0 for w, w0, g0 in zip(walls[m], walls["none"], gens["none"])
+                ),
+                4,
+            )
+            for m in modes[1:]
+        },
         "target_share": 0.02,
     }
     for finisher in finishers.values():

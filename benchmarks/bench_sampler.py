@@ -28,8 +28,12 @@ from swarmrl.tasks.arithmetic import ArithmeticTask
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded model)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model", type=Path, default=None, help="model directory (default: the embedded model)"
+    )
     parser.add_argument("--batch", type=int, default=64, help="sequences per batch (>= 32)")
     parser.add_argument("--group", type=int, default=8, help="samples per prompt (GRPO's G)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
@@ -41,28 +45,48 @@ def main() -> None:
     model_dir = args.model or ensure_default_model()
     model, tok = load_policy(model_dir)
     task = ArithmeticTask()
-    distinct = [tok(task.render_prompt(task.train_problem(i * 7919), 32 + 8 * (i % 2)))["input_ids"]
-                for i in range(args.batch // args.group)]
+    distinct = [
+        tok(task.render_prompt(task.train_problem(i * 7919), 32 + 8 * (i % 2)))["input_ids"]
+        for i in range(args.batch // args.group)
+    ]
     prompts = [p for p in distinct for _ in range(args.group)]
-    params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, eos_token_id=tok.eos_token_id)
+    params = SamplingParams(
+        temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+        eos_token_id=tok.eos_token_id,
+    )
 
     width = max(map(len, prompts))
     ids = torch.full((len(prompts), width), tok.pad_token_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
 
     def ours(seed: int) -> int:
-        gens = sample(model, prompts, [seed * 1000 + i for i in range(len(prompts))], params, pad_id=tok.pad_token_id)
+        gens = sample(
+            model,
+            prompts,
+            [seed * 1000 + i for i in range(len(prompts))],
+            params,
+            pad_id=tok.pad_token_id,
+        )
         return sum(len(g.tokens) for g in gens)
 
     def hf(seed: int) -> int:
         torch.manual_seed(seed)
         with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=args.temperature,
-                                 top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,
-                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=True,
+                temperature=args.temperature,
+                top_p=1.0,
+                top_k=0,
+                max_new_tokens=args.max_new_tokens,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+            )
         produced = 0
         for row in out[:, width:].tolist():
             produced += row.index(tok.eos_token_id) + 1 if tok.eos_token_id in row else len(row)
@@ -78,12 +102,16 @@ def main() -> None:
             rates[name].append(tokens / (time.perf_counter() - start))
     ratios = [o / g for o, g in zip(rates["ours"], rates["generate"])]
     ours_rate, hf_rate = statistics.median(rates["ours"]), statistics.median(rates["generate"])
-    print(f"model {model_dir}, batch {len(prompts)} ({len(distinct)} prompts x {args.group}), "
-          f"max_new_tokens {args.max_new_tokens}, threads {args.threads}")
+    print(
+        f"model {model_dir}, batch {len(prompts)} ({len(distinct)} prompts x {args.group}), "
+        f"max_new_tokens {args.max_new_tokens}, threads {args.threads}"
+    )
     print(f"ours:     {ours_rate:9.0f} tokens/s (median of {args.repeats})")
     print(f"generate: {hf_rate:9.0f} tokens/s (median of {args.repeats})")
-    print(f"ratio ours/generate: {statistics.median(ratios):.2f}x (median of {args.repeats} paired repeats; "
-          f"range {min(ratios):.2f}-{max(ratios):.2f}x)")
+    print(
+        f"ratio ours/generate: {statistics.median(ratios):.2f}x (median of {args.repeats} paired repeats; "
+        f"range {min(ratios):.2f}-{max(ratios):.2f}x)"
+    )
 
 
 if __name__ == "__main__":

@@ -37,7 +37,12 @@ from swarmrl.shardcast.layout import shard_name
 from swarmrl.shardcast.origin import Origin
 from swarmrl.shardcast.transfer import get_bytes, get_stream
 
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(swarmrl.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(
+        [str(Path(swarmrl.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+    ),
+}
 CLI = [sys.executable, "-m", "swarmrl.shardcast.cli"]
 
 
@@ -49,7 +54,12 @@ def free_port() -> int:
 
 def serve(args: list[str]) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([*CLI, *args, "--port", str(port)], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*CLI, *args, "--port", str(port)],
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(200):
         try:
@@ -69,6 +79,7 @@ def plain_download(url: str, version: int, num_shards: int, out: Path) -> None:
     offset = 0
     try:
         for i in range(num_shards):
+
             def sink(piece: memoryview) -> None:
                 nonlocal offset
                 os.pwrite(fd, piece, offset)
@@ -99,14 +110,22 @@ def timed(fn, out_dir: Path) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size-mb", type=float, default=1000, help="version size in MB (10^6 bytes)")
-    parser.add_argument("--shard-mb", type=float, default=50, help="shard size in MB (reference default 50)")
+    parser.add_argument(
+        "--size-mb", type=float, default=1000, help="version size in MB (10^6 bytes)"
+    )
+    parser.add_argument(
+        "--shard-mb", type=float, default=50, help="shard size in MB (reference default 50)"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="side-by-side repeats")
     parser.add_argument("--relays", type=int, default=2)
     parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--workdir", type=Path, default=None, help="scratch directory (default: a temp dir)")
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="scratch directory (default: a temp dir)"
+    )
     args = parser.parse_args()
-    os.environ["SHARDCAST_LOG_LEVEL"] = "WARNING"  # read by the reference package when it is imported
+    os.environ["SHARDCAST_LOG_LEVEL"] = (
+        "WARNING"  # read by the reference package when it is imported
+    )
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_shardcast_"))
     size, shard = int(args.size_mb * 1e6), int(args.shard_mb * 1e6)
@@ -122,9 +141,16 @@ def main() -> int:
     manifest = Origin(work / "origin", shard_size=shard).publish(1, checkpoint)
     publish_s = time.perf_counter() - start
     file_size = manifest.file_size
-    results: dict = {"file_bytes": file_size, "shard_bytes": shard, "num_shards": len(manifest.shards),
-                     "publish_s": round(publish_s, 3)}
-    print(f"version: {file_size / 1e6:.0f} MB in {len(manifest.shards)} shards; published in {publish_s:.2f} s", flush=True)
+    results: dict = {
+        "file_bytes": file_size,
+        "shard_bytes": shard,
+        "num_shards": len(manifest.shards),
+        "publish_s": round(publish_s, 3),
+    }
+    print(
+        f"version: {file_size / 1e6:.0f} MB in {len(manifest.shards)} shards; published in {publish_s:.2f} s",
+        flush=True,
+    )
 
     origin, url = serve(["origin", "--root", str(work / "origin")])
     try:
@@ -139,14 +165,22 @@ def main() -> int:
             for name in names[r % 3 :] + names[: r % 3]:
                 times[name].append(timed(runs[name], work / "out"))
             print("  repeat", r + 1, {k: round(v[-1], 3) for k, v in times.items()}, flush=True)
-        vs_ref = statistics.median(ref / ours for ref, ours in zip(times["reference"], times["ours"]))
-        vs_plain = statistics.median(plain / ours for plain, ours in zip(times["plain"], times["ours"]))
-        results.update({
-            "seconds": {k: [round(x, 3) for x in v] for k, v in times.items()},
-            "MB_per_s_median": {k: round(file_size / statistics.median(v) / 1e6) for k, v in times.items()},
-            "ours_speedup_vs_reference": round(vs_ref, 2),
-            "ours_throughput_vs_plain_single_stream": round(vs_plain, 2),
-        })
+        vs_ref = statistics.median(
+            ref / ours for ref, ours in zip(times["reference"], times["ours"])
+        )
+        vs_plain = statistics.median(
+            plain / ours for plain, ours in zip(times["plain"], times["ours"])
+        )
+        results.update(
+            {
+                "seconds": {k: [round(x, 3) for x in v] for k, v in times.items()},
+                "MB_per_s_median": {
+                    k: round(file_size / statistics.median(v) / 1e6) for k, v in times.items()
+                },
+                "ours_speedup_vs_reference": round(vs_ref, 2),
+                "ours_throughput_vs_plain_single_stream": round(vs_plain, 2),
+            }
+        )
         out = work / "unpack"
         fetch([url], 1, out, unpack_archive=False)
         os.sync()
@@ -156,14 +190,37 @@ def main() -> int:
         shutil.rmtree(out)
 
         before = shard_bytes(url)
-        relays = [serve(["relay", "--upstream", url, "--root", str(work / f"relay{i}"), "--poll-s", "0.5"])
-                  for i in range(args.relays)]
+        relays = [
+            serve(
+                ["relay", "--upstream", url, "--root", str(work / f"relay{i}"), "--poll-s", "0.5"]
+            )
+            for i in range(args.relays)
+        ]
         relay_urls = ",".join(u for _, u in relays)
         start = time.perf_counter()
-        clients = [subprocess.Popen([*CLI, "fetch", "--servers", relay_urls, "--version", "1", "--dest",
-                                     str(work / f"client{i}"), "--wait-s", "600", "--quiet", "--archive-only"],
-                                    env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                   for i in range(args.clients)]
+        clients = [
+            subprocess.Popen(
+                [
+                    *CLI,
+                    "fetch",
+                    "--servers",
+                    relay_urls,
+                    "--version",
+                    "1",
+                    "--dest",
+                    str(work / f"client{i}"),
+                    "--wait-s",
+                    "600",
+                    "--quiet",
+                    "--archive-only",
+                ],
+                env=ENV,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for i in range(args.clients)
+        ]
         outputs = [c.communicate() for c in clients]
         tree_s = time.perf_counter() - start
         for (out_text, err_text), c in zip(outputs, clients):
@@ -174,8 +231,11 @@ def main() -> int:
         for proc, _ in relays:
             proc.kill()
         results["tree"] = {
-            "relays": args.relays, "clients": args.clients, "seconds": round(tree_s, 2),
-            "origin_shard_bytes": origin_bytes, "relay_shard_bytes": relay_bytes,
+            "relays": args.relays,
+            "clients": args.clients,
+            "seconds": round(tree_s, 2),
+            "origin_shard_bytes": origin_bytes,
+            "relay_shard_bytes": relay_bytes,
             "origin_bytes_over_file": round(origin_bytes / file_size, 3),
             "clients_times_file": args.clients * file_size,
         }
@@ -183,8 +243,11 @@ def main() -> int:
         origin.kill()
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(results, indent=1))
-    ok = (results["ours_speedup_vs_reference"] >= 2 and results["ours_throughput_vs_plain_single_stream"] >= 0.7
-          and results["tree"]["origin_bytes_over_file"] <= 2.5)
+    ok = (
+        results["ours_speedup_vs_reference"] >= 2
+        and results["ours_throughput_vs_plain_single_stream"] >= 0.7
+        and results["tree"]["origin_bytes_over_file"] <= 2.5
+    )
     print("targets (>=2x reference, >=0.7x plain, origin <=2.5x file):", "met" if ok else "NOT met")
     return 0
 

@@ -73,8 +73,10 @@ def bench_file(repeats: int) -> dict[str, float]:
     """Milliseconds per rollout file (64 sequences at hidden 128), batched and per sequence."""
     rng = np.random.default_rng(0)
     lengths = rng.integers(24, 49, size=FILE_SEQUENCES)
-    hidden = [torch.from_numpy(rng.standard_normal((int(n), FILE_HIDDEN))).to(torch.bfloat16)
-              for n in lengths]
+    hidden = [
+        torch.from_numpy(rng.standard_normal((int(n), FILE_HIDDEN))).to(torch.bfloat16)
+        for n in lengths
+    ]
     proofs = build_proofs_batch(hidden)
     assert proofs == [build_proofs(h) for h in hidden]
     chunks = sum(len(p) for p in proofs)
@@ -86,8 +88,10 @@ def bench_file(repeats: int) -> dict[str, float]:
             lambda: [verify_proofs(h, p) for h, p in zip(hidden, proofs)], repeats
         ),
     }
-    print(f"\nrollout file: {FILE_SEQUENCES} sequences of {lengths.min()}-{lengths.max()} tokens "
-          f"at hidden {FILE_HIDDEN}, {chunks} chunks")
+    print(
+        f"\nrollout file: {FILE_SEQUENCES} sequences of {lengths.min()}-{lengths.max()} tokens "
+        f"at hidden {FILE_HIDDEN}, {chunks} chunks"
+    )
     print(f"{'':26}{'ms per file':>14}{'us per chunk':>14}")
     for name, ms in figures.items():
         print(f"{name:26}{ms:14.2f}{ms / chunks * 1e3:14.1f}")
@@ -102,16 +106,20 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, chunk {CHUNK} "
-          f"tokens, topk {TOPK}; median of {args.repeats} calls, ms per chunk")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, chunk {CHUNK} "
+        f"tokens, topk {TOPK}; median of {args.repeats} calls, ms per chunk"
+    )
     results = {hidden: bench_hidden(hidden, args.repeats) for hidden in (128, 896, 4096)}
     print(f"{'':26}" + "".join(f"{f'hidden {h}':>14}" for h in results))
     for name in results[4096]:
         print(f"{name:26}" + "".join(f"{r[name]:14.3f}" for r in results.values()))
     total = results[4096]["build 1 chunk"] + results[4096]["verify 1 chunk"]
     verdict = "meets" if total <= TARGET_MS else "MISSES"
-    print(f"build + verify, 1 chunk at hidden 4096: {total:.3f} ms "
-          f"({verdict} the {TARGET_MS} ms target)")
+    print(
+        f"build + verify, 1 chunk at hidden 4096: {total:.3f} ms "
+        f"({verdict} the {TARGET_MS} ms target)"
+    )
     bench_file(max(args.repeats // 10, 5))
 
 

@@ -47,39 +47,86 @@ from swarmrl.validator.prefill import recompute
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--files", type=int, default=6, help="rollout files to generate and validate")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (the worker's default is 1)")
-    parser.add_argument("--model", type=Path, default=None, help="model directory [default: a cached 30-step warm start]")
+    parser.add_argument(
+        "--files", type=int, default=6, help="rollout files to generate and validate"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (the worker's default is 1)"
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="model directory [default: a cached 30-step warm start]",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model_dir = args.model or ensure_default_model(Path(tempfile.gettempdir()) / "swarmrl-validator-tests", WarmStartRecipe(steps=30))
+    model_dir = args.model or ensure_default_model(
+        Path(tempfile.gettempdir()) / "swarmrl-validator-tests", WarmStartRecipe(steps=30)
+    )
     model, tok = load_policy(model_dir)
     cfg = load_config(None, {"run_name": "bench"})
     task = build_task(cfg.task)
-    params = SamplingParams(temperature=cfg.sampling.temperature, max_new_tokens=cfg.sampling.max_new_tokens,
-                            eos_token_id=tok.eos_token_id, top_p=cfg.sampling.top_p)
-    totals = {"tokens": 0, "generate": 0.0, "proofs": 0.0, "worker_proofs": 0.0, "prefill": 0.0,
-              "validate": 0.0, "verify_batched": 0.0, "verify_per_sample": 0.0}
+    params = SamplingParams(
+        temperature=cfg.sampling.temperature,
+        max_new_tokens=cfg.sampling.max_new_tokens,
+        eos_token_id=tok.eos_token_id,
+        top_p=cfg.sampling.top_p,
+    )
+    totals = {
+        "tokens": 0,
+        "generate": 0.0,
+        "proofs": 0.0,
+        "worker_proofs": 0.0,
+        "prefill": 0.0,
+        "validate": 0.0,
+        "verify_batched": 0.0,
+        "verify_per_sample": 0.0,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for counter in range(args.files + 1):  # file 0 warms up and is not counted
-            plan = assign(cfg.seed, "bench", 0, counter, num_problems=task.num_train(), prompts=cfg.worker.prompts_per_file,
-                          group_size=cfg.sampling.group_size, target_lengths=cfg.task.target_lengths)
+            plan = assign(
+                cfg.seed,
+                "bench",
+                0,
+                counter,
+                num_problems=task.num_train(),
+                prompts=cfg.worker.prompts_per_file,
+                group_size=cfg.sampling.group_size,
+                target_lengths=cfg.task.target_lengths,
+            )
             batch = generate_rollouts(model, tok, task, plan, params, 0, cfg.task.length_penalty)
             cols = batch.columns
-            meta = RolloutMeta(run_id="bench", worker_address="bench", step=0, submission=counter,
-                               num_samples=len(cols["seed"]), num_nonzero=batch.num_nonzero)
-            table, meta = read_rollouts(write_rollouts(Path(tmp) / f"{counter}.parquet", cols, meta))
+            meta = RolloutMeta(
+                run_id="bench",
+                worker_address="bench",
+                step=0,
+                submission=counter,
+                num_samples=len(cols["seed"]),
+                num_nonzero=batch.num_nonzero,
+            )
+            table, meta = read_rollouts(
+                write_rollouts(Path(tmp) / f"{counter}.parquet", cols, meta)
+            )
             start = time.perf_counter()
             proofs = proof_column([g.hidden for g in batch.generations])
             proof_seconds = time.perf_counter() - start
             assert proofs == cols["proofs"], "batched proofs differ from the worker's"
             start = time.perf_counter()
-            stats = recompute(model, cols["input_tokens"], cols["output_tokens"], temperature=params.temperature,
-                              top_p=params.top_p, eos_id=tok.eos_token_id)
+            stats = recompute(
+                model,
+                cols["input_tokens"],
+                cols["output_tokens"],
+                temperature=params.temperature,
+                top_p=params.top_p,
+                eos_id=tok.eos_token_id,
+            )
             prefill = time.perf_counter() - start
             hidden = [s.hidden for s in stats]
-            split = [bytes_to_proofs(p, n_tokens=len(out), hidden_size=model.config.hidden_size)
-                     for p, out in zip(proofs, cols["output_tokens"])]
+            split = [
+                bytes_to_proofs(p, n_tokens=len(out), hidden_size=model.config.hidden_size)
+                for p, out in zip(proofs, cols["output_tokens"])
+            ]
             start = time.perf_counter()
             verify_proofs_batch(hidden, split)
             verify_batched = time.perf_counter() - start
@@ -101,7 +148,9 @@ def main() -> None:
                 totals["validate"] += validate
     tokens = totals["tokens"]
     result = {
-        "files": args.files, "threads": args.threads, "completion_tokens": tokens,
+        "files": args.files,
+        "threads": args.threads,
+        "completion_tokens": tokens,
         "generation_tok_s": round(tokens / totals["generate"]),
         "proof_share_of_generation": round(totals["proofs"] / totals["generate"], 4),
         "worker_proof_share": round(totals["worker_proofs"] / totals["generate"], 4),

@@ -12,7 +12,9 @@ from swarmrl.config import ConfigError, config_from_args, load_config
 def test_defaults_toml_and_flags(tmp_path):
     toml = tmp_path / "c.toml"
     toml.write_text('run_name = "x"\nasync_level = 1\n[trainer]\nlr = 0.01\nsteps = 3\n')
-    args = build_parser().parse_args(["run", "--config", str(toml), "--trainer.steps", "5", "--task.target_lengths", "[10, 20]"])
+    args = build_parser().parse_args(
+        ["run", "--config", str(toml), "--trainer.steps", "5", "--task.target_lengths", "[10, 20]"]
+    )
     cfg = config_from_args(args)
     assert cfg.run_name == "x" and cfg.async_level == 1
     assert cfg.trainer.lr == 0.01 and cfg.trainer.steps == 5
@@ -20,12 +22,15 @@ def test_defaults_toml_and_flags(tmp_path):
     assert load_config().sampling.temperature == 0.6
 
 
-@pytest.mark.parametrize("flag,value,field", [
-    ("--trainer.lr", "-1", "trainer.lr"),
-    ("--async_level", "-2", "async_level"),
-    ("--task.name", "chess", "task.name"),
-    ("--sampling.group_size", "one", "sampling.group_size"),
-])
+@pytest.mark.parametrize(
+    "flag,value,field",
+    [
+        ("--trainer.lr", "-1", "trainer.lr"),
+        ("--async_level", "-2", "async_level"),
+        ("--task.name", "chess", "task.name"),
+        ("--sampling.group_size", "one", "sampling.group_size"),
+    ],
+)
 def test_bad_value_names_the_field(flag, value, field):
     args = build_parser().parse_args(["run", flag, value])
     with pytest.raises(ConfigError) as err:
@@ -42,8 +47,21 @@ def test_unknown_toml_key_is_an_error(tmp_path):
 
 
 def test_cli_exits_at_start_with_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "swarmrl", "run", "--trainer.lr", "-1", "--output_dir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "swarmrl",
+            "run",
+            "--trainer.lr",
+            "-1",
+            "--output_dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines == ["swarmrl: invalid config: trainer.lr: Input should be greater than 0 (got -1)"]
@@ -51,8 +69,19 @@ def test_cli_exits_at_start_with_one_line(tmp_path):
 
 
 def test_help_documents_every_field():
-    text = build_parser().parse_args.__self__._subparsers._group_actions[0].choices["run"].format_help()
-    for flag in ("--trainer.lr", "--async_level", "--task.target_lengths", "--sampling.temperature", "--worker.count"):
+    text = (
+        build_parser()
+        .parse_args.__self__._subparsers._group_actions[0]
+        .choices["run"]
+        .format_help()
+    )
+    for flag in (
+        "--trainer.lr",
+        "--async_level",
+        "--task.target_lengths",
+        "--sampling.temperature",
+        "--worker.count",
+    ):
         assert flag in text
     assert "AdamW learning rate" in text
 
@@ -68,9 +97,16 @@ def test_user_task_files_build_from_config(tmp_path):
     math = build_task(load_config(examples / "math.toml").task)
     assert len(math.eval_problems()) == 4 and math.num_train() >= 10
     eval_file = tmp_path / "held.jsonl"
-    eval_file.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+2?", "answer": "4"}\n')
-    cfg = load_config(overrides={"task.name": "math", "task.path": str(examples / "math_problems.jsonl"),
-                                 "task.eval_path": str(eval_file)})
+    eval_file.write_text(
+        '{"question": "1+1?", "answer": "2"}\n{"question": "2+2?", "answer": "4"}\n'
+    )
+    cfg = load_config(
+        overrides={
+            "task.name": "math",
+            "task.path": str(examples / "math_problems.jsonl"),
+            "task.eval_path": str(eval_file),
+        }
+    )
     task = build_task(cfg.task)
     assert [p.answer for p in task.eval_problems()] == ["2", "4"]
     code = build_task(load_config(examples / "code.toml").task)

@@ -15,23 +15,50 @@ from swarmrl.rollouts import RolloutMeta, read_rollouts, write_rollouts
 from swarmrl.trainer.trainer import read_metrics
 from swarmrl.validator.service import read_verdicts
 
-SMALL = ["--trainer.batch_samples", "16", "--worker.prompts_per_file", "2", "--sampling.group_size", "4",
-         "--task.eval_size", "32", "--trainer.optimizer_steps", "2"]
+SMALL = [
+    "--trainer.batch_samples",
+    "16",
+    "--worker.prompts_per_file",
+    "2",
+    "--sampling.group_size",
+    "4",
+    "--task.eval_size",
+    "32",
+    "--trainer.optimizer_steps",
+    "2",
+]
 
 
 def _swarmrl(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "swarmrl", *args], capture_output=True, text=True, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "swarmrl", *args], capture_output=True, text=True, **kw
+    )
 
 
 def _stale_file(folder: Path, step: int, policy_step: int) -> None:
     n = 4
     cols = {
-        "problem_id": ["planted"] * n, "input_tokens": [[5, 6]] * n, "output_tokens": [[7, 2]] * n,
-        "output_logprobs": [[-1.0, -1.0]] * n, "rewards": [1.0, 0.0, 0.0, 1.0], "task_rewards": [1.0, 0.0, 0.0, 1.0],
-        "length_penalties": [0.0] * n, "advantages": [1.0, -1.0, -1.0, 1.0], "target_lengths": [-1] * n,
-        "policy_step": [policy_step] * n, "seed": [0, 1, 2, 3], "proofs": [b""] * n,
+        "problem_id": ["planted"] * n,
+        "input_tokens": [[5, 6]] * n,
+        "output_tokens": [[7, 2]] * n,
+        "output_logprobs": [[-1.0, -1.0]] * n,
+        "rewards": [1.0, 0.0, 0.0, 1.0],
+        "task_rewards": [1.0, 0.0, 0.0, 1.0],
+        "length_penalties": [0.0] * n,
+        "advantages": [1.0, -1.0, -1.0, 1.0],
+        "target_lengths": [-1] * n,
+        "policy_step": [policy_step] * n,
+        "seed": [0, 1, 2, 3],
+        "proofs": [b""] * n,
     }
-    meta = RolloutMeta(run_id="planted", worker_address="planted", step=step, submission=0, num_samples=n, num_nonzero=n)
+    meta = RolloutMeta(
+        run_id="planted",
+        worker_address="planted",
+        step=step,
+        submission=0,
+        num_samples=n,
+        num_nonzero=n,
+    )
     write_rollouts(folder / "planted-00000.parquet", cols, meta)
 
 
@@ -43,11 +70,33 @@ def test_run_async2_respects_the_bound_and_survives_bad_files(tmp_path, warm_mod
     step3.mkdir(parents=True)
     _stale_file(step3, step=3, policy_step=0)
     (step3 / "garbage-00000.parquet").write_bytes(b"not parquet at all")
-    proc = _swarmrl("run", "--model.path", str(warm_model_dir), "--output_dir", str(out), "--run_name", "t",
-                    "--trainer.steps", "5", "--async_level", "2", "--validator.fraction", "1", *SMALL, timeout=400)
+    proc = _swarmrl(
+        "run",
+        "--model.path",
+        str(warm_model_dir),
+        "--output_dir",
+        str(out),
+        "--run_name",
+        "t",
+        "--trainer.steps",
+        "5",
+        "--async_level",
+        "2",
+        "--validator.fraction",
+        "1",
+        *SMALL,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "t" / "summary.json").read_text())
-    for key in ("accuracy_before", "accuracy_after", "length_error_before", "length_error_after", "steps", "wall_seconds"):
+    for key in (
+        "accuracy_before",
+        "accuracy_after",
+        "length_error_before",
+        "length_error_after",
+        "steps",
+        "wall_seconds",
+    ):
         assert summary[key] is not None, key
     assert summary["steps"] == 5 and summary["final_step"] == 5
     records = read_metrics(out / "t" / "metrics.jsonl")
@@ -64,18 +113,30 @@ def test_run_async2_respects_the_bound_and_survives_bad_files(tmp_path, warm_mod
     # each download is recorded per server, and only the relay's URL appears.
     config = json.loads((out / "t" / "config.json").read_text())
     relay_url = config["shardcast"]["servers"]
-    assert len(relay_url) == 1 and summary["bytes_served"]["relay-0"] > 0 and summary["bytes_served"]["origin"] > 0
+    assert (
+        len(relay_url) == 1
+        and summary["bytes_served"]["relay-0"] > 0
+        and summary["bytes_served"]["origin"] > 0
+    )
     for log_file in (out / "t" / "logs").glob("worker-*.jsonl"):
         last = json.loads(log_file.read_text().splitlines()[-1])
-        assert set(last["bytes_by_server"]) == {relay_url[0]} and last["bytes_by_server"][relay_url[0]] > 0
+        assert (
+            set(last["bytes_by_server"]) == {relay_url[0]}
+            and last["bytes_by_server"][relay_url[0]] > 0
+        )
         assert last["policy_step"] >= 1
     assert any((out / "t" / "worker_cache").glob("worker-*/v*"))
     # Proofs were built off the generation loop and reported in the summary; a file the
     # workers wrote that way passes the real validator.
-    assert 0 < summary["proof_share_of_generation"] < 1 and summary["proof_wait_share_of_generation"] >= 0
+    assert (
+        0 < summary["proof_share_of_generation"] < 1
+        and summary["proof_wait_share_of_generation"] >= 0
+    )
     kept = set(list_checkpoints(out / "t" / "checkpoints"))
     worker_files = sorted((out / "t" / "rollouts").glob("step_*/worker-*.parquet"), reverse=True)
-    checked = next(f for f in worker_files if read_rollouts(f)[0].column("policy_step")[0].as_py() in kept)
+    checked = next(
+        f for f in worker_files if read_rollouts(f)[0].column("policy_step")[0].as_py() in kept
+    )
     verdict = _swarmrl("validate", str(checked), "--json", timeout=120)
     assert verdict.returncode == 0, verdict.stdout + verdict.stderr
     # The run's validator process judged every file (fraction 1): the workers' honest
@@ -87,20 +148,36 @@ def test_run_async2_respects_the_bound_and_survives_bad_files(tmp_path, warm_mod
     assert verdicts["step_000003/garbage-00000.parquet"]["status"] == "unusable"
     honest = [v for name, v in verdicts.items() if "/worker-" in name]
     assert len(honest) == len(list((out / "t" / "rollouts").glob("step_*/worker-*.parquet")))
-    assert all(v["status"] in ("accepted", "skipped") for v in honest), [v for v in honest if v["status"] != "accepted"]
+    assert all(v["status"] in ("accepted", "skipped") for v in honest), [
+        v for v in honest if v["status"] != "accepted"
+    ]
     assert sum(v["status"] == "accepted" for v in honest) >= 5
     counts = summary["validation"]
     assert counts["fraction"] == 1 and counts["rejected"] == 1 and counts["unusable"] == 1
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "swarmrl", *args], stdout=open(log, "ab"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "swarmrl", *args],
+        stdout=open(log, "ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def test_killed_trainer_resumes_from_its_checkpoint(tmp_path, warm_model_dir):
     out = tmp_path / "outputs"
-    common = ["--output_dir", str(out), "--run_name", "r", "--trainer.steps", "6", "--async_level", "1", *SMALL]
+    common = [
+        "--output_dir",
+        str(out),
+        "--run_name",
+        "r",
+        "--trainer.steps",
+        "6",
+        "--async_level",
+        "1",
+        *SMALL,
+    ]
     trainer_cmd = ["trainer", "--start-model", str(warm_model_dir), *common]
     run_dir = out / "r"
     run_dir.mkdir(parents=True)
@@ -119,7 +196,11 @@ def test_killed_trainer_resumes_from_its_checkpoint(tmp_path, warm_model_dir):
         restarted = _swarmrl(*trainer_cmd, timeout=300)
         assert restarted.returncode == 0, restarted.stdout[-2000:] + restarted.stderr[-2000:]
         # The restarted trainer printed steps starting exactly where the checkpoint left off.
-        printed = [json.loads(line)["step"] for line in restarted.stdout.splitlines() if line.startswith("{")]
+        printed = [
+            json.loads(line)["step"]
+            for line in restarted.stdout.splitlines()
+            if line.startswith("{")
+        ]
         assert printed == list(range(reached, 6))
         worker.wait(timeout=60)
     finally:

@@ -12,9 +12,17 @@ def _loss(ratios, advantage, mask=None, budget=1.0, eps=0.2, delta=4.0):
     ratios = torch.tensor([ratios], dtype=torch.float64)
     logp = torch.log(ratios).requires_grad_(True)
     mask = torch.ones_like(ratios) if mask is None else torch.tensor([mask], dtype=torch.float64)
-    out = grpo_loss(GRPOLossInput(logprobs=logp, old_logprobs=torch.zeros_like(ratios),
-                                  advantages=torch.tensor([advantage], dtype=torch.float64), mask=mask,
-                                  token_budget=budget), epsilon=eps, delta=delta)
+    out = grpo_loss(
+        GRPOLossInput(
+            logprobs=logp,
+            old_logprobs=torch.zeros_like(ratios),
+            advantages=torch.tensor([advantage], dtype=torch.float64),
+            mask=mask,
+            token_budget=budget,
+        ),
+        epsilon=eps,
+        delta=delta,
+    )
     out.loss.backward()
     return out, logp.grad[0].tolist()
 
@@ -69,8 +77,15 @@ def test_token_normalization_is_not_per_sequence():
     # Two samples, lengths 1 and 3, all ratios 1, advantages +1: sum of token losses = -4.
     logp = torch.zeros(2, 3)
     mask = torch.tensor([[1.0, 0, 0], [1.0, 1.0, 1.0]])
-    out = grpo_loss(GRPOLossInput(logprobs=logp, old_logprobs=logp, advantages=torch.tensor([1.0, 1.0]),
-                                  mask=mask, token_budget=6.0))
+    out = grpo_loss(
+        GRPOLossInput(
+            logprobs=logp,
+            old_logprobs=logp,
+            advantages=torch.tensor([1.0, 1.0]),
+            mask=mask,
+            token_budget=6.0,
+        )
+    )
     # Per-sequence mean would give -(1 + 1) / 2 = -1; token level over a constant budget gives -4/6.
     assert out.loss.item() == pytest.approx(-4 / 6)
 

@@ -4,7 +4,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from swarmrl.rollouts import SCHEMA, RolloutFileError, RolloutMeta, file_hash, read_meta, read_rollouts, write_rollouts
+from swarmrl.rollouts import (
+    SCHEMA,
+    RolloutFileError,
+    RolloutMeta,
+    file_hash,
+    read_meta,
+    read_rollouts,
+    write_rollouts,
+)
 
 
 def _columns(n=4):
@@ -25,7 +33,9 @@ def _columns(n=4):
 
 
 def _meta(n=4):
-    return RolloutMeta(run_id="r", worker_address="w0", step=8, submission=0, num_samples=n, num_nonzero=2)
+    return RolloutMeta(
+        run_id="r", worker_address="w0", step=8, submission=0, num_samples=n, num_nonzero=2
+    )
 
 
 def test_round_trip_preserves_every_value(tmp_path):
@@ -59,8 +69,12 @@ def test_wrong_schema_is_rejected(tmp_path):
     with pytest.raises(RolloutFileError, match=r"bad.parquet: missing columns \['advantages'\]"):
         read_rollouts(bad)
 
-    schema = pa.schema([f if f.name != "rewards" else pa.field("rewards", pa.string()) for f in SCHEMA])
-    wrong_type = pa.Table.from_pydict({**cols, "rewards": [str(r) for r in cols["rewards"]]}, schema=schema)
+    schema = pa.schema(
+        [f if f.name != "rewards" else pa.field("rewards", pa.string()) for f in SCHEMA]
+    )
+    wrong_type = pa.Table.from_pydict(
+        {**cols, "rewards": [str(r) for r in cols["rewards"]]}, schema=schema
+    )
     pq.write_table(wrong_type.replace_schema_metadata(pq.read_schema(path).metadata), bad)
     with pytest.raises(RolloutFileError, match="column 'rewards' has type string"):
         read_rollouts(bad)

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 import torch
+from tests.conftest import random_model
 
 from swarmrl.checkpoints import load_policy
 from swarmrl.inference.sampler import SamplingParams, draw, sample, uniforms
-from tests.conftest import random_model
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17, 18, 19], [20]]
 
@@ -26,7 +26,9 @@ def test_fast_path_matches_generic_path_and_full_forward(kind):
         with torch.no_grad():
             full = model.model(input_ids=torch.tensor([prompt + a.tokens])).last_hidden_state[0]
             rows = full[len(prompt) - 1 : len(prompt) - 1 + len(a.tokens)]
-            lp = torch.log_softmax(model.lm_head(rows), -1).gather(-1, torch.tensor(a.tokens)[:, None])[:, 0]
+            lp = torch.log_softmax(model.lm_head(rows), -1).gather(
+                -1, torch.tensor(a.tokens)[:, None]
+            )[:, 0]
         assert torch.allclose(rows.bfloat16().float(), a.hidden.float(), atol=2e-2)
         np.testing.assert_allclose(lp.numpy(), a.logprobs, atol=1e-4)
 
@@ -35,7 +37,9 @@ def test_samples_do_not_depend_on_batch_composition():
     model, tok = random_model()
     params = SamplingParams(temperature=0.8, max_new_tokens=16, eos_token_id=tok.eos_token_id)
     alone = sample(model, [PROMPTS[2]], [42], params, pad_id=0)[0]
-    crowd = sample(model, PROMPTS + [PROMPTS[2]] + PROMPTS, [1, 2, 3, 4, 42, 5, 6, 7, 8], params, pad_id=0)[4]
+    crowd = sample(
+        model, PROMPTS + [PROMPTS[2]] + PROMPTS, [1, 2, 3, 4, 42, 5, 6, 7, 8], params, pad_id=0
+    )[4]
     assert alone.tokens == crowd.tokens
 
 
@@ -58,7 +62,10 @@ def test_rows_leaving_the_batch_and_cache_growth_change_nothing(warm_model_dir):
     sample must still equal the generic path's (which does neither)."""
     model, tok = load_policy(warm_model_dir)
     params = SamplingParams(temperature=0.6, max_new_tokens=48, eos_token_id=tok.eos_token_id)
-    prompts = [tok(f"{a}+{b} think {t}\n")["input_ids"] for a, b, t in ((12, 7, 8), (345, 678, 40), (9, 9, 16), (1234, 56, 32))]
+    prompts = [
+        tok(f"{a}+{b} think {t}\n")["input_ids"]
+        for a, b, t in ((12, 7, 8), (345, 678, 40), (9, 9, 16), (1234, 56, 32))
+    ]
     prompts, seeds = [p for p in prompts for _ in range(6)], list(range(24))
     fast = sample(model, prompts, seeds, params, pad_id=tok.pad_token_id, fast=True)
     slow = sample(model, prompts, seeds, params, pad_id=tok.pad_token_id, fast=False)
@@ -104,8 +111,17 @@ def test_any_causal_lm_runs_on_the_generic_path(tmp_path):
 
     tok = build_char_tokenizer()
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=64, n_layer=2, n_head=4, n_positions=128,
-                                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)).eval()
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=len(tok),
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            n_positions=128,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+    ).eval()
     model.save_pretrained(tmp_path / "gpt2")
     tok.save_pretrained(tmp_path / "gpt2")
     model, tok = load_policy(tmp_path / "gpt2")
@@ -117,9 +133,13 @@ def test_any_causal_lm_runs_on_the_generic_path(tmp_path):
         with torch.no_grad():
             out = model(input_ids=torch.tensor([prompt + gen.tokens]), output_hidden_states=True)
         rows = slice(len(prompt) - 1, len(prompt) - 1 + len(gen.tokens))
-        lp = torch.log_softmax(out.logits[0, rows], -1).gather(-1, torch.tensor(gen.tokens)[:, None])[:, 0]
+        lp = torch.log_softmax(out.logits[0, rows], -1).gather(
+            -1, torch.tensor(gen.tokens)[:, None]
+        )[:, 0]
         np.testing.assert_allclose(lp.numpy(), gen.logprobs, atol=1e-4)
-        assert torch.allclose(out.hidden_states[-1][0, rows].bfloat16().float(), gen.hidden.float(), atol=2e-2)
+        assert torch.allclose(
+            out.hidden_states[-1][0, rows].bfloat16().float(), gen.hidden.float(), atol=2e-2
+        )
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
@@ -130,12 +150,23 @@ def test_teacher_forced_states_match_the_models_own_forward(kind):
 
     model, _ = random_model(kind)
     prompts = [PROMPTS[0]] * 3 + [PROMPTS[1]] * 2 + [PROMPTS[3]]
-    completions = [[30, 31, 32, 33], [34], [35, 36, 37, 38, 39, 40, 41], [42, 43], [44, 45, 46], [47, 48]]
-    states = continuation_states(fast_decoder(model), prompts, completions, max_rows=2, token_budget=8)
+    completions = [
+        [30, 31, 32, 33],
+        [34],
+        [35, 36, 37, 38, 39, 40, 41],
+        [42, 43],
+        [44, 45, 46],
+        [47, 48],
+    ]
+    states = continuation_states(
+        fast_decoder(model), prompts, completions, max_rows=2, token_budget=8
+    )
     for prompt, completion, got in zip(prompts, completions, states):
         with torch.no_grad():
-            full = model.model(input_ids=torch.tensor([prompt + completion[:-1]])).last_hidden_state[0]
-        want = full[len(prompt) - 1:]
+            full = model.model(
+                input_ids=torch.tensor([prompt + completion[:-1]])
+            ).last_hidden_state[0]
+        want = full[len(prompt) - 1 :]
         assert got.shape == (len(completion), model.config.hidden_size)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="at least one token"):

@@ -18,7 +18,13 @@ from aiohttp import web
 
 import swarmrl
 from swarmrl.shardcast import client as client_mod
-from swarmrl.shardcast.client import FetchError, VersionUnavailableError, fetch, fetch_version, latest_version
+from swarmrl.shardcast.client import (
+    FetchError,
+    VersionUnavailableError,
+    fetch,
+    fetch_version,
+    latest_version,
+)
 from swarmrl.shardcast.layout import Manifest, parse_distribution, shard_name
 from swarmrl.shardcast.origin import Origin, write_archive
 from swarmrl.shardcast.relay import Relay
@@ -26,7 +32,12 @@ from swarmrl.shardcast.server import start_server
 from swarmrl.shardcast.transfer import HttpStatusError, get_bytes, get_stream
 
 SHARD = 32 * 1024
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(swarmrl.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(
+        [str(Path(swarmrl.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+    ),
+}
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -40,7 +51,9 @@ def make_checkpoint(path: Path, seed: int = 0, size: int = 600_000) -> Path:
 
 
 def same_tree(a: Path, b: Path) -> bool:
-    files = lambda root: {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file()}  # noqa: E731
+    files = lambda root: {
+        p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file()
+    }
     return files(a) == files(b)
 
 
@@ -63,13 +76,30 @@ def wait_for_version(url: str, version: int, timeout: float = 20.0) -> None:
 
 
 def spawn(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, *args], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, *args], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
 
 
 def spawn_relay(upstream: str, root: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = spawn(["-m", "swarmrl.shardcast.cli", "relay", "--upstream", upstream, "--root", str(root),
-                  "--port", str(port), "--poll-s", "0.2", "--timeout", "2"])
+    proc = spawn(
+        [
+            "-m",
+            "swarmrl.shardcast.cli",
+            "relay",
+            "--upstream",
+            upstream,
+            "--root",
+            str(root),
+            "--port",
+            str(port),
+            "--poll-s",
+            "0.2",
+            "--timeout",
+            "2",
+        ]
+    )
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -95,10 +125,14 @@ def test_publish_writes_shards_manifest_then_announces(tmp_path):
     shards = [version_dir / shard_name(i) for i in range(len(manifest.shards))]
     joined = b"".join(p.read_bytes() for p in shards)
     assert all(p.stat().st_size == SHARD for p in shards[:-1])
-    assert [blake3.blake3(p.read_bytes()).hexdigest() for p in shards] == [s.blake3 for s in manifest.shards]
+    assert [blake3.blake3(p.read_bytes()).hexdigest() for p in shards] == [
+        s.blake3 for s in manifest.shards
+    ]
     assert blake3.blake3(joined).hexdigest() == manifest.blake3
     assert Manifest.from_json((version_dir / "manifest.json").read_text()) == manifest
-    assert parse_distribution((tmp_path / "root" / "distribution.txt").read_text()) == {12: manifest.entry}
+    assert parse_distribution((tmp_path / "root" / "distribution.txt").read_text()) == {
+        12: manifest.entry
+    }
     # the file is a plain tar of the checkpoint, and the same checkpoint gives the same bytes
     archive = tmp_path / "a.tar"
     archive.write_bytes(joined)
@@ -156,15 +190,31 @@ def test_server_binds_loopback_serves_ranges_and_counts_bytes(origin):
     assert server.host == "127.0.0.1"
     shard = (publisher.root / "v5" / shard_name(1)).read_bytes()
     parts = []
-    get_stream(f"{server.url}/v5/{shard_name(1)}", lambda b: parts.append(bytes(b)), 5, byte_range=(100, 4195))
+    get_stream(
+        f"{server.url}/v5/{shard_name(1)}",
+        lambda b: parts.append(bytes(b)),
+        5,
+        byte_range=(100, 4195),
+    )
     assert b"".join(parts) == shard[100:4196]
     before = json.loads(get_bytes(f"{server.url}/stats.json", 5))["shard_bytes"]
-    assert get_bytes(f"{server.url}/v5/{shard_name(0)}", 5) == (publisher.root / "v5" / shard_name(0)).read_bytes()
-    deadline = time.monotonic() + 5  # the server counts a response once sendfile returns, maybe after we read it
+    assert (
+        get_bytes(f"{server.url}/v5/{shard_name(0)}", 5)
+        == (publisher.root / "v5" / shard_name(0)).read_bytes()
+    )
+    deadline = (
+        time.monotonic() + 5
+    )  # the server counts a response once sendfile returns, maybe after we read it
     while server.stats.shard_bytes != before + SHARD and time.monotonic() < deadline:
         time.sleep(0.01)
     assert server.stats.shard_bytes == before + SHARD
-    for path in ["/v5/../.retired.json", "/.retired.json", "/v5/shard_00000.bin", "/v5/nope", "/etc/passwd"]:
+    for path in [
+        "/v5/../.retired.json",
+        "/.retired.json",
+        "/v5/shard_00000.bin",
+        "/v5/nope",
+        "/etc/passwd",
+    ]:
         with pytest.raises(HttpStatusError) as err:
             get_bytes(f"{server.url}{path}", 5)
         assert err.value.status == 404
@@ -207,7 +257,9 @@ def test_fetch_resumes_a_partial_download(origin, tmp_path):
     result = fetch([server.url], 5, tmp_path / "dest")
     manifest = Manifest.from_json((publisher.root / "v5" / "manifest.json").read_text())
     assert result.resumed_shards >= 3
-    assert sum(result.bytes_by_server.values()) == manifest.file_size - sum(manifest.shards[i].size for i in finished)
+    assert sum(result.bytes_by_server.values()) == manifest.file_size - sum(
+        manifest.shards[i].size for i in finished
+    )
     assert same_tree(checkpoint, result.path)
 
 
@@ -223,11 +275,21 @@ def test_relay_killed_mid_download_client_finishes_from_the_other(origin, tmp_pa
 
         def kill_relay_once_it_served(index, info):
             with lock:
-                if doomed.poll() is None and json.loads(get_bytes(f"{doomed_url}/stats.json", 2))["shard_bytes"] > 0:
+                if (
+                    doomed.poll() is None
+                    and json.loads(get_bytes(f"{doomed_url}/stats.json", 2))["shard_bytes"] > 0
+                ):
                     doomed.kill()
                     doomed.wait()
 
-        result = fetch([r[1] for r in relays], 5, tmp_path / "dest", concurrency=2, timeout=2, on_shard=kill_relay_once_it_served)
+        result = fetch(
+            [r[1] for r in relays],
+            5,
+            tmp_path / "dest",
+            concurrency=2,
+            timeout=2,
+            on_shard=kill_relay_once_it_served,
+        )
     finally:
         for proc, _ in relays:
             proc.kill()
@@ -247,7 +309,9 @@ def test_corrupted_shard_is_detected_and_fetched_elsewhere(origin, tmp_path):
     bad = start_server(bad_root)
     hits = 0
     try:
-        for attempt in range(12):  # the server for each shard is drawn at random; try until the bad copy is drawn
+        for attempt in range(
+            12
+        ):  # the server for each shard is drawn at random; try until the bad copy is drawn
             result = fetch([bad.url, server.url], 5, tmp_path / f"dest{attempt}", concurrency=4)
             assert same_tree(checkpoint, result.path)
             rejected = [f for f in result.failures if f[0] == 2 and f[1] == bad.url]
@@ -342,7 +406,14 @@ def test_trickling_server_is_cut_off_below_the_minimum_rate(origin, tmp_path):
     try:
         started = time.monotonic()
         # floor 32 KiB/s: a 32 KiB shard is given timeout + 1 s, instead of 51 s at 640 B/s
-        result = fetch([trickling, server.url], 5, tmp_path / "dest", concurrency=4, timeout=0.5, min_rate=32 * 1024)
+        result = fetch(
+            [trickling, server.url],
+            5,
+            tmp_path / "dest",
+            concurrency=4,
+            timeout=0.5,
+            min_rate=32 * 1024,
+        )
         elapsed = time.monotonic() - started
     finally:
         loop.call_soon_threadsafe(loop.stop)
@@ -354,7 +425,9 @@ def test_trickling_server_is_cut_off_below_the_minimum_rate(origin, tmp_path):
 
 def test_unknown_version_is_a_clear_error(origin, tmp_path):
     _, server, _ = origin
-    with pytest.raises(VersionUnavailableError, match=r"no server lists v99: http://127.0.0.1:\d+: lists v5"):
+    with pytest.raises(
+        VersionUnavailableError, match=r"no server lists v99: http://127.0.0.1:\d+: lists v5"
+    ):
         fetch_version([server.url], 99, tmp_path / "dest")
     with pytest.raises(FetchError, match="unreachable"):
         fetch_version([f"http://127.0.0.1:{free_port()}"], None, tmp_path / "dest", timeout=1)
@@ -363,17 +436,54 @@ def test_unknown_version_is_a_clear_error(origin, tmp_path):
 def test_cli_origin_and_fetch(origin, tmp_path):
     publisher, _, checkpoint = origin
     port = free_port()
-    proc = spawn(["-m", "swarmrl.shardcast.cli", "origin", "--root", str(publisher.root), "--port", str(port)])
+    proc = spawn(
+        [
+            "-m",
+            "swarmrl.shardcast.cli",
+            "origin",
+            "--root",
+            str(publisher.root),
+            "--port",
+            str(port),
+        ]
+    )
     try:
         wait_for_version(f"http://127.0.0.1:{port}", 5)
         run = subprocess.run(
-            [sys.executable, "-m", "swarmrl.shardcast.cli", "fetch", "--servers", f"127.0.0.1:{port}",
-             "--dest", str(tmp_path / "dest"), "--quiet"], env=ENV, capture_output=True, text=True, timeout=30,
+            [
+                sys.executable,
+                "-m",
+                "swarmrl.shardcast.cli",
+                "fetch",
+                "--servers",
+                f"127.0.0.1:{port}",
+                "--dest",
+                str(tmp_path / "dest"),
+                "--quiet",
+            ],
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
         missing = subprocess.run(
-            [sys.executable, "-m", "swarmrl.shardcast.cli", "fetch", "--servers", f"http://127.0.0.1:{port}",
-             "--version", "4", "--dest", str(tmp_path / "dest"), "--quiet"], env=ENV, capture_output=True,
-            text=True, timeout=30,
+            [
+                sys.executable,
+                "-m",
+                "swarmrl.shardcast.cli",
+                "fetch",
+                "--servers",
+                f"http://127.0.0.1:{port}",
+                "--version",
+                "4",
+                "--dest",
+                str(tmp_path / "dest"),
+                "--quiet",
+            ],
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
     finally:
         proc.kill()
@@ -389,9 +499,23 @@ def test_cli_origin_and_fetch(origin, tmp_path):
 
 def run_reference_client(url: str, version: int, out: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", "import sys; from shardcast.client_node import main; sys.exit(main())",
-         "--servers", url, "--version", f"v{version}", "--output-dir", str(out.parent), "--output-file", str(out)],
-        env=ENV, capture_output=True, text=True, timeout=45,
+        [
+            sys.executable,
+            "-c",
+            "import sys; from shardcast.client_node import main; sys.exit(main())",
+            "--servers",
+            url,
+            "--version",
+            f"v{version}",
+            "--output-dir",
+            str(out.parent),
+            "--output-file",
+            str(out),
+        ],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=45,
     )
 
 
@@ -428,8 +552,19 @@ def test_our_client_and_relay_download_from_a_reference_origin(tmp_path):
         write_archive(checkpoint, f)
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-c", REFERENCE_ORIGIN, str(tmp_path / "ref"), str(port), str(archive), str(SHARD)],
-        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            "-c",
+            REFERENCE_ORIGIN,
+            str(tmp_path / "ref"),
+            str(port),
+            str(archive),
+            str(SHARD),
+        ],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -437,7 +572,9 @@ def test_our_client_and_relay_download_from_a_reference_origin(tmp_path):
         result = fetch([url], 1, tmp_path / "dest", concurrency=4)  # the reference numbers from v1
         assert same_tree(checkpoint, result.path)
         assert result.bytes_by_server[url] == archive.stat().st_size
-        relay = Relay([url], tmp_path / "relay", timeout=5)  # no manifest upstream: the relay writes one
+        relay = Relay(
+            [url], tmp_path / "relay", timeout=5
+        )  # no manifest upstream: the relay writes one
         assert relay.sync_once() == [1]
         relay_server = start_server(relay.store.root)
         try:
@@ -445,7 +582,10 @@ def test_our_client_and_relay_download_from_a_reference_origin(tmp_path):
         finally:
             relay_server.stop()
         assert same_tree(checkpoint, via_relay.path)
-        assert Manifest.from_json((tmp_path / "relay" / "v1" / "manifest.json").read_text()).file_size == archive.stat().st_size
+        assert (
+            Manifest.from_json((tmp_path / "relay" / "v1" / "manifest.json").read_text()).file_size
+            == archive.stat().st_size
+        )
     finally:
         proc.kill()
         proc.wait()

@@ -44,13 +44,21 @@ def test_we_read_what_the_reference_writes(tmp_path):
     path = tmp_path / "distribution.txt"
     for version, digest in [(1, "a" * 64), (2, "b" * 64), (3, "c" * 64)]:
         reference_utils.update_distribution_file(str(path), f"v{version}", digest, 2, version * 10)
-    assert parse_distribution(path.read_text()) == {2: VersionEntry(2, "b" * 64, 20), 3: VersionEntry(3, "c" * 64, 30)}
+    assert parse_distribution(path.read_text()) == {
+        2: VersionEntry(2, "b" * 64, 20),
+        3: VersionEntry(3, "c" * 64, 30),
+    }
 
 
 @pytest.mark.parametrize(
     "text",
-    ["v1: " + "a" * 64, "v1 " + "a" * 64 + "|2", "x1: " + "a" * 64 + "|2", "v1: " + "A" * 64 + "|2",
-     "v1: " + "a" * 64 + "|2\nv1: " + "b" * 64 + "|3"],
+    [
+        "v1: " + "a" * 64,
+        "v1 " + "a" * 64 + "|2",
+        "x1: " + "a" * 64 + "|2",
+        "v1: " + "A" * 64 + "|2",
+        "v1: " + "a" * 64 + "|2\nv1: " + "b" * 64 + "|3",
+    ],
 )
 def test_bad_distribution_lines_are_rejected(text):
     with pytest.raises(LayoutError, match="distribution.txt line"):
@@ -98,6 +106,8 @@ def test_server_choice_follows_success_times_bandwidth_with_healing():
     assert chooser.scores["b"].bandwidth == 300.0  # a failure says nothing about bandwidth
     chooser.record("a", True, 200.0)  # bandwidth 0.3 · 200 + 0.7 · 100 = 130
     assert chooser.scores["a"].bandwidth == pytest.approx(130.0)
-    assert chooser.scores["b"].success_rate == pytest.approx(0.74)  # healing lets a failed server back in
+    assert chooser.scores["b"].success_rate == pytest.approx(
+        0.74
+    )  # healing lets a failed server back in
     assert chooser.pick(avoid={"a"}) == "b"
     assert chooser.pick(avoid={"a", "b"}) in {"a", "b"}  # every server failed: any may be retried

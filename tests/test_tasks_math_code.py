@@ -46,11 +46,13 @@ def test_jsonl_and_parquet_give_the_same_problems(tmp_path: Path) -> None:
     ]
     jsonl = write_jsonl(tmp_path / "probs.jsonl", rows)
     parquet = tmp_path / "probs.parquet"
-    table = pyarrow.table({
-        "id": ["a", None, None, None],
-        "question": ["1+1?", "Half of one?", "Two squared?", "Three?"],
-        "answer": ["2", "0.5", "4", "3"],
-    })
+    table = pyarrow.table(
+        {
+            "id": ["a", None, None, None],
+            "question": ["1+1?", "Half of one?", "Two squared?", "Three?"],
+            "answer": ["2", "0.5", "4", "3"],
+        }
+    )
     pyarrow.parquet.write_table(table, parquet)
 
     for path in (jsonl, parquet):
@@ -74,21 +76,38 @@ def test_blank_jsonl_lines_are_skipped(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ('{"question": "q", "answer": "1"}\n{"question": "q2", "answer": }\n', r"p\.jsonl:line 2: not valid JSON"),
+        (
+            '{"question": "q", "answer": "1"}\n{"question": "q2", "answer": }\n',
+            r"p\.jsonl:line 2: not valid JSON",
+        ),
         ('{"question": "q", "answer": "1"}\n["a list"]\n', r"line 2: expected a JSON object"),
-        ('{"question": "q"}\n', r"line 1: missing required field 'answer' \(fields found: 'question'\)"),
-        ('{"answer": "1"}\n', r"line 1: missing required field 'question' or 'problem' or 'prompt'"),
-        ('{"question": ["q"], "answer": "1"}\n', r"line 1: field 'question' must be a string, got a list"),
+        (
+            '{"question": "q"}\n',
+            r"line 1: missing required field 'answer' \(fields found: 'question'\)",
+        ),
+        (
+            '{"answer": "1"}\n',
+            r"line 1: missing required field 'question' or 'problem' or 'prompt'",
+        ),
+        (
+            '{"question": ["q"], "answer": "1"}\n',
+            r"line 1: field 'question' must be a string, got a list",
+        ),
         (
             '{"question": "q", "answer": true}\n',
             r"line 1: field 'answer' must be a string or an integer or a number, got bool",
         ),
         ('{"question": "  ", "answer": "1"}\n', r"line 1: field 'question' is empty"),
-        ('{"question": "q", "answer": "1", "id": 1.5}\n', r"line 1: field 'id' must be a string or an integer"),
+        (
+            '{"question": "q", "answer": "1", "id": 1.5}\n',
+            r"line 1: field 'id' must be a string or an integer",
+        ),
         ("\n\n", r"holds no problems"),
     ],
 )
-def test_jsonl_errors_name_file_line_and_problem(tmp_path: Path, content: str, message: str) -> None:
+def test_jsonl_errors_name_file_line_and_problem(
+    tmp_path: Path, content: str, message: str
+) -> None:
     path = tmp_path / "p.jsonl"
     path.write_text(content)
     with pytest.raises(ProblemFileError, match=message):
@@ -104,8 +123,12 @@ def test_non_utf8_line_is_reported(tmp_path: Path) -> None:
 
 def test_parquet_errors_name_the_row(tmp_path: Path) -> None:
     path = tmp_path / "p.parquet"
-    pyarrow.parquet.write_table(pyarrow.table({"question": ["q0", "q1"], "answer": ["1", None]}), path)
-    with pytest.raises(ProblemFileError, match=r"p\.parquet:row 2: missing required field 'answer'"):
+    pyarrow.parquet.write_table(
+        pyarrow.table({"question": ["q0", "q1"], "answer": ["1", None]}), path
+    )
+    with pytest.raises(
+        ProblemFileError, match=r"p\.parquet:row 2: missing required field 'answer'"
+    ):
         MathTask(path, eval_size=0)
     path.write_bytes(b"not parquet at all")
     with pytest.raises(ProblemFileError, match=r"p\.parquet: not a readable Parquet file"):
@@ -117,7 +140,9 @@ def test_missing_file_and_wrong_extension(tmp_path: Path) -> None:
         MathTask(tmp_path / "nope.jsonl")
     csv = tmp_path / "p.csv"
     csv.write_text("question,answer\n")
-    with pytest.raises(ProblemFileError, match=r"unsupported file type '\.csv'.*\.jsonl or \.parquet"):
+    with pytest.raises(
+        ProblemFileError, match=r"unsupported file type '\.csv'.*\.jsonl or \.parquet"
+    ):
         MathTask(csv)
 
 
@@ -135,7 +160,9 @@ def test_default_eval_split_is_the_tail_tenth(tmp_path: Path) -> None:
     task = MathTask(write_jsonl(tmp_path / "p.jsonl", math_rows(30)))
     assert [p.problem_id for p in task.eval_problems()] == ["p-27", "p-28", "p-29"]
     assert task.num_train() == 27
-    assert MathTask(write_jsonl(tmp_path / "q.jsonl", math_rows(3))).num_train() == 2  # at least one held out
+    assert (
+        MathTask(write_jsonl(tmp_path / "q.jsonl", math_rows(3))).num_train() == 2
+    )  # at least one held out
 
 
 def test_eval_split_never_overlaps_train(tmp_path: Path) -> None:
@@ -156,7 +183,9 @@ def test_eval_file_is_the_whole_eval_split_and_is_removed_from_train(tmp_path: P
     train_path = write_jsonl(tmp_path / "train.jsonl", math_rows(10))
     eval_path = write_jsonl(tmp_path / "eval.jsonl", math_rows(12)[8:])  # overlaps train rows 8, 9
     task = MathTask(train_path, eval_path=eval_path)
-    assert [p.question for p in task.eval_problems()] == [f"What is {i} + {i}?" for i in range(8, 12)]
+    assert [p.question for p in task.eval_problems()] == [
+        f"What is {i} + {i}?" for i in range(8, 12)
+    ]
     train = [task.train_problem(i).question for i in range(task.num_train())]
     assert train == [f"What is {i} + {i}?" for i in range(8)]
     with pytest.raises(ProblemFileError, match="either eval_path .* or eval_size"):
@@ -182,7 +211,10 @@ def test_math_prompt_states_target_length_and_box_instruction(math_examples: Mat
     assert math_examples.render_prompt(problem, 2000) == (
         "Think for 2000 tokens before giving a response.\nWhat is 2+2?\nPut your final answer within \\boxed{}."
     )
-    assert math_examples.render_prompt(problem, None) == "What is 2+2?\nPut your final answer within \\boxed{}."
+    assert (
+        math_examples.render_prompt(problem, None)
+        == "What is 2+2?\nPut your final answer within \\boxed{}."
+    )
 
 
 @pytest.mark.parametrize(
@@ -249,8 +281,12 @@ def test_math_score_is_correct_from_worker_threads(math_examples: MathTask) -> N
     assert rewards == [1.0, 0.0] * 8
 
 
-def test_math_pathological_answer_times_out_to_zero(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    task = MathTask(write_jsonl(tmp_path / "p.jsonl", math_rows(2)), eval_size=0, verify_timeout_s=1)
+def test_math_pathological_answer_times_out_to_zero(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = MathTask(
+        write_jsonl(tmp_path / "p.jsonl", math_rows(2)), eval_size=0, verify_timeout_s=1
+    )
     hopeless = "\\boxed{9^{9^{9^{9}}}}"
     assert task.score(Problem("p", "q", "10"), hopeless) == 0.0  # math-verify's own timeout
     # The hard deadline, hit off the main thread: the helper is killed mid-comparison
@@ -273,7 +309,9 @@ def test_code_prompt_and_solution_extraction() -> None:
     task = CodeTask(EXAMPLES / "code_problems.jsonl")
     problem = task.train_problem(0)
     prompt = task.render_prompt(problem, 512)
-    assert prompt.startswith("Think for 512 tokens before giving a response.\n" + problem.question + "\n")
+    assert prompt.startswith(
+        "Think for 512 tokens before giving a response.\n" + problem.question + "\n"
+    )
     assert "```python" in prompt
     assert extract_solution("x\n```python\na = 1\n```\nthen\n```py\nb = 2\n```\n") == "b = 2\n"
     assert extract_solution("def f():\n    return 1\n") == "def f():\n    return 1\n"
@@ -300,8 +338,16 @@ def test_code_tests_given_as_a_list_are_joined(tmp_path: Path) -> None:
         ("import os\nos._exit(0)", "assert False", False),
         ("raise SystemExit", "assert False", False),
         ("print('all tests passed')\nimport os\nos._exit(0)", "assert False", False),
-        ("def f():\n    return 1\nif __name__ == '__main__':\n    print(f(int(input())))", "assert f() == 1", True),
-        ("import os\nassert not os.listdir('.'), 'the job file (tests, token) is readable'", "assert True", True),
+        (
+            "def f():\n    return 1\nif __name__ == '__main__':\n    print(f(int(input())))",
+            "assert f() == 1",
+            True,
+        ),
+        (
+            "import os\nassert not os.listdir('.'), 'the job file (tests, token) is readable'",
+            "assert True",
+            True,
+        ),
     ],
 )
 def test_code_verdicts(solution: str, tests: str, passes: bool) -> None:
@@ -325,7 +371,9 @@ def test_huge_file_is_cut_off(tmp_path: Path) -> None:
 
 
 def test_huge_output_is_capped() -> None:
-    result = run("import sys\nfor _ in range(2000):\n    sys.stdout.write('y' * 10_000)\nprint('END')")
+    result = run(
+        "import sys\nfor _ in range(2000):\n    sys.stdout.write('y' * 10_000)\nprint('END')"
+    )
     assert result.passed and len(result.output) <= 64 * 1024 and result.output.endswith("END\n")
 
 
@@ -372,7 +420,8 @@ def _world_readable_python() -> str | None:
 
 
 @pytest.mark.skipif(
-    os.geteuid() != 0 or _world_readable_python() is None, reason="needs root and a Python 'nobody' can run"
+    os.geteuid() != 0 or _world_readable_python() is None,
+    reason="needs root and a Python 'nobody' can run",
 )
 def test_as_root_solutions_run_as_nobody_and_cannot_fork() -> None:
     python = _world_readable_python()

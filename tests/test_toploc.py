@@ -22,12 +22,12 @@ from swarmrl.toploc import (
     chunk_points,
     encode_proof,
     encode_proofs,
+    gf,
     parse_proof,
     proofs_to_bytes,
     verify_proofs,
     verify_proofs_batch,
 )
-from swarmrl.toploc import gf
 
 VECTOR_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "vectors" / "toploc"
 P = 65497

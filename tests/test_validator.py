@@ -6,13 +6,13 @@ import argparse
 
 import numpy as np
 import torch
+from tests.conftest import random_model
 
 from swarmrl.inference.fast_llama import length_batches
 from swarmrl.rewards import group_advantages
 from swarmrl.validator import checks, cli, selected_for_validation
 from swarmrl.validator.prefill import TokenStats
 from swarmrl.validator.sampling_test import kolmogorov_p, replay, sample_uniforms
-from tests.conftest import random_model
 
 
 def test_selection_is_deterministic_secret_dependent_and_hits_the_fraction():
@@ -35,49 +35,99 @@ def test_kolmogorov_p_accepts_uniform_and_rejects_skewed_values():
 def _stats(low: list[float], high: list[float]) -> TokenStats:
     n = len(low)
     z = np.zeros(n)
-    return TokenStats(hidden=torch.zeros(n, 4, dtype=torch.bfloat16), logprobs=z, eos_probs=z, cdf_low=np.array(low),
-                      cdf_high=np.array(high), surprisal=z, entropy=z, surprisal_var=z, rank_low=z, prob=z)
+    return TokenStats(
+        hidden=torch.zeros(n, 4, dtype=torch.bfloat16),
+        logprobs=z,
+        eos_probs=z,
+        cdf_low=np.array(low),
+        cdf_high=np.array(high),
+        surprisal=z,
+        entropy=z,
+        surprisal_var=z,
+        rank_low=z,
+        prob=z,
+    )
 
 
 def test_replay_accepts_the_interval_holding_the_seed_uniform_and_nothing_else():
     u = sample_uniforms(12345, 3)
     inside = _stats(list(u - 0.01), list(u + 0.01))
     assert replay(inside, 12345, 1e-3).misses == 0
-    shifted = _stats([u[0] - 0.01, u[1] + 0.05, u[2] - 0.01], [u[0] + 0.01, u[1] + 0.1, u[2] + 0.01])
+    shifted = _stats(
+        [u[0] - 0.01, u[1] + 0.05, u[2] - 0.01], [u[0] + 0.01, u[1] + 0.1, u[2] + 0.01]
+    )
     result = replay(shifted, 12345, 1e-3)
     assert (result.misses, result.first_miss) == (1, 1)
     assert replay(shifted, 12345, 0.06).misses == 0  # within the drift tolerance
 
 
-def _rows(rewards: list[float], task_rewards: list[float], targets: list[int], lengths: list[int]) -> checks.Rows:
+def _rows(
+    rewards: list[float], task_rewards: list[float], targets: list[int], lengths: list[int]
+) -> checks.Rows:
     n = len(rewards)
-    return checks.Rows(problem_id=["p"] * n, input_tokens=[[5]] * n, output_tokens=[[7] * k for k in lengths],
-                       output_logprobs=[[0.0] * k for k in lengths], rewards=rewards, task_rewards=task_rewards,
-                       length_penalties=[0.02 * abs(t - k) for t, k in zip(targets, lengths)],
-                       advantages=group_advantages(rewards).tolist(), target_lengths=targets, policy_step=[0] * n,
-                       seed=list(range(n)), proofs=[b""] * n)
+    return checks.Rows(
+        problem_id=["p"] * n,
+        input_tokens=[[5]] * n,
+        output_tokens=[[7] * k for k in lengths],
+        output_logprobs=[[0.0] * k for k in lengths],
+        rewards=rewards,
+        task_rewards=task_rewards,
+        length_penalties=[0.02 * abs(t - k) for t, k in zip(targets, lengths)],
+        advantages=group_advantages(rewards).tolist(),
+        target_lengths=targets,
+        policy_step=[0] * n,
+        seed=list(range(n)),
+        proofs=[b""] * n,
+    )
 
 
 def test_values_check_recomputes_penalties_rewards_and_advantages():
     lengths, targets, task = [30, 40, 32, 44], [32, 32, 32, 44], [1.0, 0.0, 1.0, 0.0]
     honest_rewards = [t - 0.02 * abs(g - k) for t, g, k in zip(task, targets, lengths)]
-    assert checks.check_values(_rows(honest_rewards, task, targets, lengths), task, alpha=0.02, group_size=4, tolerance=1e-5).passed
+    assert checks.check_values(
+        _rows(honest_rewards, task, targets, lengths),
+        task,
+        alpha=0.02,
+        group_size=4,
+        tolerance=1e-5,
+    ).passed
     inflated = _rows([honest_rewards[0] + 0.3, *honest_rewards[1:]], task, targets, lengths)
     result = checks.check_values(inflated, task, alpha=0.02, group_size=4, tolerance=1e-5)
-    assert not result.passed and result.failures[0].sample == 0 and "reward" in result.failures[0].detail
+    assert (
+        not result.passed
+        and result.failures[0].sample == 0
+        and "reward" in result.failures[0].detail
+    )
     # A worker claiming a task reward the verifier does not give:
     lying = _rows(honest_rewards, [1.0, 1.0, 1.0, 0.0], targets, lengths)
-    assert checks.check_values(lying, task, alpha=0.02, group_size=4, tolerance=1e-5).failures[0].sample == 1
+    assert (
+        checks.check_values(lying, task, alpha=0.02, group_size=4, tolerance=1e-5)
+        .failures[0]
+        .sample
+        == 1
+    )
     nan = _rows(honest_rewards, task, targets, lengths)
     nan.advantages[2] = float("nan")
-    assert checks.check_values(nan, task, alpha=0.02, group_size=4, tolerance=1e-5).failures[0].sample == 2
+    assert (
+        checks.check_values(nan, task, alpha=0.02, group_size=4, tolerance=1e-5).failures[0].sample
+        == 2
+    )
 
 
 def test_consistency_check_bounds_policy_step_and_groups():
     rows = _rows([0.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 1.0], [32] * 4, [3] * 4)
     rows = checks.Rows(**{**rows.__dict__, "policy_step": [4] * 4})
-    ok = dict(step=5, async_level=2, group_size=4, prompts=1, max_new_tokens=48, vocab_size=10, run_id="r",
-              expected_run_id="r", num_nonzero=4)
+    ok = dict(
+        step=5,
+        async_level=2,
+        group_size=4,
+        prompts=1,
+        max_new_tokens=48,
+        vocab_size=10,
+        run_id="r",
+        expected_run_id="r",
+        num_nonzero=4,
+    )
     assert checks.check_consistency(rows, **ok).passed
     stale = checks.Rows(**{**rows.__dict__, "policy_step": [2] * 4})
     assert "outside [3, 5]" in checks.check_consistency(stale, **ok).failures[0].detail
@@ -105,7 +155,12 @@ def test_cli_gives_exit_2_and_one_line_for_a_file_that_is_not_parquet(tmp_path, 
     bad.parent.mkdir(parents=True)
     bad.write_bytes(b"PAR1 this is not a parquet file")
     code, out = _run_cli(["validate", str(bad)], capsys)
-    assert code == 2 and out.out == "" and out.err.count("\n") == 1 and "unusable: unreadable rollout file" in out.err
+    assert (
+        code == 2
+        and out.out == ""
+        and out.err.count("\n") == 1
+        and "unusable: unreadable rollout file" in out.err
+    )
     code, out = _run_cli(["validate", str(bad), "--json"], capsys)
     assert code == 2 and '"status": "unusable"' in out.out
 
@@ -115,7 +170,9 @@ def test_cli_skips_files_not_selected(tmp_path, capsys):
     path.write_bytes(b"anything")
     secret = tmp_path / "secret"
     secret.write_bytes(b"s")
-    code, out = _run_cli(["validate", str(path), "--fraction", "0", "--secret-file", str(secret)], capsys)
+    code, out = _run_cli(
+        ["validate", str(path), "--fraction", "0", "--secret-file", str(secret)], capsys
+    )
     assert code == 0 and "skipped" in out.out
 
 
@@ -124,11 +181,23 @@ def _planted(run_dir, name: str, step: int, policy_step: int):
     from swarmrl.rollouts import RolloutMeta, write_rollouts
 
     n = 2
-    cols = {"problem_id": ["p"] * n, "input_tokens": [[5, 6]] * n, "output_tokens": [[7, 2]] * n,
-            "output_logprobs": [[-1.0, -1.0]] * n, "rewards": [1.0, 0.0], "task_rewards": [1.0, 0.0],
-            "length_penalties": [0.0] * n, "advantages": [1.0, -1.0], "target_lengths": [-1] * n,
-            "policy_step": [policy_step] * n, "seed": [0, 1], "proofs": [b""] * n}
-    meta = RolloutMeta(run_id="r", worker_address="w", step=step, submission=0, num_samples=n, num_nonzero=n)
+    cols = {
+        "problem_id": ["p"] * n,
+        "input_tokens": [[5, 6]] * n,
+        "output_tokens": [[7, 2]] * n,
+        "output_logprobs": [[-1.0, -1.0]] * n,
+        "rewards": [1.0, 0.0],
+        "task_rewards": [1.0, 0.0],
+        "length_penalties": [0.0] * n,
+        "advantages": [1.0, -1.0],
+        "target_lengths": [-1] * n,
+        "policy_step": [policy_step] * n,
+        "seed": [0, 1],
+        "proofs": [b""] * n,
+    }
+    meta = RolloutMeta(
+        run_id="r", worker_address="w", step=step, submission=0, num_samples=n, num_nonzero=n
+    )
     return write_rollouts(run_dir / "rollouts" / f"step_{step:06d}" / name, cols, meta)
 
 
@@ -164,7 +233,10 @@ def test_validator_service_secret_and_verdicts_without_a_model(tmp_path):
     assert future.failed_checks == ["consistency"]
     assert unreadable.status == "unusable"
     with open(validator_dir(run_dir) / "verdicts.jsonl", "w") as fh:
-        fh.writelines(json.dumps({"file": "x", "status": v.status}) + "\n" for v in (pruned, future, unreadable))
+        fh.writelines(
+            json.dumps({"file": "x", "status": v.status}) + "\n"
+            for v in (pruned, future, unreadable)
+        )
         fh.write('{"file": "cut sh')  # a line cut short by a kill
     assert verdict_counts(run_dir) == {"accepted": 0, "rejected": 1, "unusable": 1, "skipped": 1}
 
@@ -188,5 +260,10 @@ def test_checkpoint_pruned_while_the_validator_loads_it_is_a_skip(tmp_path):
             prune_checkpoints(self.ckpt_root, keep=2)  # the trainer, right after the check
             return super().get(step)
 
-    verdict = judge(path, load_config(None, {"run_name": "r"}), PrunedDuringLoad(run_dir / "checkpoints"), settings=None)
+    verdict = judge(
+        path,
+        load_config(None, {"run_name": "r"}),
+        PrunedDuringLoad(run_dir / "checkpoints"),
+        settings=None,
+    )
     assert verdict.status == "skipped" and "pruned" in verdict.reason

@@ -56,10 +56,19 @@ class Swarm:
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory) -> Swarm:
     # Cached across test runs: the 30-step warm start takes about a minute on a busy 2-core machine.
-    model_dir = ensure_default_model(Path(tempfile.gettempdir()) / "swarmrl-validator-tests", WarmStartRecipe(steps=30))
+    model_dir = ensure_default_model(
+        Path(tempfile.gettempdir()) / "swarmrl-validator-tests", WarmStartRecipe(steps=30)
+    )
     run_dir = tmp_path_factory.mktemp("run")
-    cfg = load_config(None, {"run_name": "valtest", "output_dir": str(run_dir.parent), "worker.prompts_per_file": 4,
-                             "sampling.group_size": 8})
+    cfg = load_config(
+        None,
+        {
+            "run_name": "valtest",
+            "output_dir": str(run_dir.parent),
+            "worker.prompts_per_file": 4,
+            "sampling.group_size": 8,
+        },
+    )
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
@@ -67,29 +76,48 @@ def swarm(tmp_path_factory) -> Swarm:
     os.symlink(model_dir, run_dir / "checkpoints" / "step_000000")
     torch.set_num_threads(1)
     model, tok = load_policy(model_dir)
-    params = SamplingParams(temperature=cfg.sampling.temperature, max_new_tokens=cfg.sampling.max_new_tokens,
-                            eos_token_id=tok.eos_token_id, top_p=cfg.sampling.top_p)
+    params = SamplingParams(
+        temperature=cfg.sampling.temperature,
+        max_new_tokens=cfg.sampling.max_new_tokens,
+        eos_token_id=tok.eos_token_id,
+        top_p=cfg.sampling.top_p,
+    )
     return Swarm(run_dir, cfg, model, tok, build_task(cfg.task), params)
 
 
 def assignment(s: Swarm, counter: int, prompts: int | None = None) -> Assignment:
-    return assign(s.cfg.seed, ADDRESS, STEP, counter, num_problems=s.task.num_train(),
-                  prompts=prompts or s.cfg.worker.prompts_per_file, group_size=s.cfg.sampling.group_size,
-                  target_lengths=s.cfg.task.target_lengths)
+    return assign(
+        s.cfg.seed,
+        ADDRESS,
+        STEP,
+        counter,
+        num_problems=s.task.num_train(),
+        prompts=prompts or s.cfg.worker.prompts_per_file,
+        group_size=s.cfg.sampling.group_size,
+        target_lengths=s.cfg.task.target_lengths,
+    )
 
 
 def write(s: Swarm, counter: int, columns: dict, name: str | None = None) -> Path:
     g = s.cfg.sampling.group_size
     rewards = columns["rewards"]
-    nonzero = sum(g for i in range(0, len(rewards), g) if has_signal(rewards[i:i + g]))
-    meta = RolloutMeta(run_id=s.cfg.run_name, worker_address=ADDRESS, step=STEP, submission=counter,
-                       num_samples=len(rewards), num_nonzero=nonzero)
+    nonzero = sum(g for i in range(0, len(rewards), g) if has_signal(rewards[i : i + g]))
+    meta = RolloutMeta(
+        run_id=s.cfg.run_name,
+        worker_address=ADDRESS,
+        step=STEP,
+        submission=counter,
+        num_samples=len(rewards),
+        num_nonzero=nonzero,
+    )
     folder = s.run_dir / "rollouts" / f"step_{STEP:06d}"
     return write_rollouts(folder / (name or f"{ADDRESS}-{counter:05d}.parquet"), columns, meta)
 
 
 def honest_columns(s: Swarm, counter: int) -> dict:
-    return generate_rollouts(s.model, s.tok, s.task, assignment(s, counter), s.params, STEP, s.cfg.task.length_penalty).columns
+    return generate_rollouts(
+        s.model, s.tok, s.task, assignment(s, counter), s.params, STEP, s.cfg.task.length_penalty
+    ).columns
 
 
 def judge(s: Swarm, path: Path):
@@ -105,20 +133,32 @@ def rescore(s: Swarm, cols: dict) -> dict:
         problems[pid] = Problem(pid, f"{a}+{b}", str(a + b))
     cols["task_rewards"], cols["length_penalties"], cols["rewards"] = [], [], []
     for pid, out, target in zip(cols["problem_id"], cols["output_tokens"], cols["target_lengths"]):
-        r = score_sample(s.task.score(problems[pid], completion_text(s.tok, out, s.tok.eos_token_id)), target, len(out),
-                         s.cfg.task.length_penalty)
+        r = score_sample(
+            s.task.score(problems[pid], completion_text(s.tok, out, s.tok.eos_token_id)),
+            target,
+            len(out),
+            s.cfg.task.length_penalty,
+        )
         cols["task_rewards"].append(r.task_reward)
         cols["length_penalties"].append(r.length_penalty)
         cols["rewards"].append(r.total)
     g = s.cfg.sampling.group_size
-    cols["advantages"] = np.concatenate([group_advantages(cols["rewards"][i:i + g]) for i in range(0, len(cols["rewards"]), g)]).tolist()
+    cols["advantages"] = np.concatenate(
+        [group_advantages(cols["rewards"][i : i + g]) for i in range(0, len(cols["rewards"]), g)]
+    ).tolist()
     return cols
 
 
 def prove_by_prefill(s: Swarm, cols: dict) -> dict:
     """Rebuild proofs and logprobs by prefilling the claimed model on the (altered) text."""
-    stats = recompute(s.model, cols["input_tokens"], cols["output_tokens"], temperature=s.params.temperature,
-                      top_p=s.params.top_p, eos_id=s.tok.eos_token_id)
+    stats = recompute(
+        s.model,
+        cols["input_tokens"],
+        cols["output_tokens"],
+        temperature=s.params.temperature,
+        top_p=s.params.top_p,
+        eos_id=s.tok.eos_token_id,
+    )
     cols["proofs"] = [proofs_to_bytes(build_proofs(st.hidden)) for st in stats]
     cols["output_logprobs"] = [st.logprobs.astype(np.float32).tolist() for st in stats]
     return cols
@@ -128,7 +168,13 @@ def resample_group(s: Swarm, cols: dict, group: int, prompt_ids: list[int], mode
     """Replace one group's samples with honest samples (of `model`) for another prompt."""
     g = s.cfg.sampling.group_size
     rows = range(group * g, (group + 1) * g)
-    gens = sample(model or s.model, [prompt_ids] * g, [cols["seed"][i] for i in rows], s.params, pad_id=s.tok.pad_token_id)
+    gens = sample(
+        model or s.model,
+        [prompt_ids] * g,
+        [cols["seed"][i] for i in rows],
+        s.params,
+        pad_id=s.tok.pad_token_id,
+    )
     for i, gen in zip(rows, gens):
         cols["input_tokens"][i] = prompt_ids
         cols["output_tokens"][i] = gen.tokens
@@ -155,8 +201,12 @@ def copy_cols(cols: dict) -> dict:
 
 def test_honest_file_is_accepted_by_the_real_command(swarm, honest):
     path, _ = honest
-    out = subprocess.run([sys.executable, "-m", "swarmrl.validator.cli", str(path), "--json"], capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "swarmrl.validator.cli", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     verdict = json.loads(out.stdout)
     assert verdict["status"] == "accepted" and verdict["failed_checks"] == []
@@ -168,10 +218,22 @@ def test_other_weights_than_claimed(swarm):
     with torch.no_grad():
         for p in cheat_model.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * 0.2 * p.std().clamp(min=1e-3))
-    cols = generate_rollouts(cheat_model, swarm.tok, swarm.task, assignment(swarm, 1), swarm.params, STEP,
-                             swarm.cfg.task.length_penalty).columns
+    cols = generate_rollouts(
+        cheat_model,
+        swarm.tok,
+        swarm.task,
+        assignment(swarm, 1),
+        swarm.params,
+        STEP,
+        swarm.cfg.task.length_penalty,
+    ).columns
     path = write(swarm, 1, cols)
-    out = subprocess.run([sys.executable, "-m", "swarmrl.validator.cli", str(path)], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "swarmrl.validator.cli", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 1, out.stdout + out.stderr
     assert out.stdout.count("\n") == 1 and ": rejected: " in out.stdout and "toploc" in out.stdout
     assert {"toploc", "logprobs", "sampling"} <= set(judge(swarm, path).failed_checks)
@@ -181,7 +243,9 @@ def test_altered_prompt(swarm, honest):
     cols = copy_cols(honest[1])
     altered = list(cols["input_tokens"][0])
     digit = next(i for i, t in enumerate(altered) if swarm.tok.decode([t]).isdigit() and i > 8)
-    altered[digit] = swarm.tok.convert_tokens_to_ids("9" if swarm.tok.decode([altered[digit]]) != "9" else "8")
+    altered[digit] = swarm.tok.convert_tokens_to_ids(
+        "9" if swarm.tok.decode([altered[digit]]) != "9" else "8"
+    )
     cols = rescore(swarm, resample_group(swarm, cols, 0, altered))
     verdict = judge(swarm, write(swarm, 0, cols, "altered.parquet"))
     assert_rejected(verdict, "assignment")
@@ -190,7 +254,9 @@ def test_altered_prompt(swarm, honest):
 
 def test_cherry_picked_prompts(swarm, honest):
     cols = copy_cols(honest[1])
-    easy = swarm.task.train_problem(5)  # a problem of the worker's choosing instead of the assigned one
+    easy = swarm.task.train_problem(
+        5
+    )  # a problem of the worker's choosing instead of the assigned one
     target = cols["target_lengths"][8]
     ids = swarm.tok(swarm.task.render_prompt(easy, target))["input_ids"]
     cols = resample_group(swarm, cols, 1, ids)
@@ -202,13 +268,24 @@ def test_cherry_picked_prompts(swarm, honest):
 
 
 def test_smaller_models_text_prefilled_into_the_claimed_model(swarm, honest):
-    small = LlamaForCausalLM(LlamaConfig(vocab_size=swarm.model.config.vocab_size, hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                                         max_position_embeddings=256, eos_token_id=swarm.tok.eos_token_id))
+    small = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=swarm.model.config.vocab_size,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            eos_token_id=swarm.tok.eos_token_id,
+        )
+    )
     torch.manual_seed(3)
     small.eval()
     cols = copy_cols(honest[1])
-    gens = sample(small, cols["input_tokens"], cols["seed"], swarm.params, pad_id=swarm.tok.pad_token_id)
+    gens = sample(
+        small, cols["input_tokens"], cols["seed"], swarm.params, pad_id=swarm.tok.pad_token_id
+    )
     cols["output_tokens"] = [g.tokens for g in gens]
     cols = rescore(swarm, prove_by_prefill(swarm, cols))
     verdict = judge(swarm, write(swarm, 0, cols, "small.parquet"))
@@ -219,10 +296,19 @@ def test_smaller_models_text_prefilled_into_the_claimed_model(swarm, honest):
 
 def test_early_stop_on_low_probability_eos(swarm, honest):
     cols = copy_cols(honest[1])
-    stats = recompute(swarm.model, cols["input_tokens"], cols["output_tokens"], temperature=swarm.params.temperature,
-                      top_p=1.0, eos_id=swarm.tok.eos_token_id)
-    victim, cut = next((i, int(np.flatnonzero(st.eos_probs[5:-1] < 0.01)[0]) + 5) for i, st in enumerate(stats)
-                       if (st.eos_probs[5:-1] < 0.01).any())
+    stats = recompute(
+        swarm.model,
+        cols["input_tokens"],
+        cols["output_tokens"],
+        temperature=swarm.params.temperature,
+        top_p=1.0,
+        eos_id=swarm.tok.eos_token_id,
+    )
+    victim, cut = next(
+        (i, int(np.flatnonzero(st.eos_probs[5:-1] < 0.01)[0]) + 5)
+        for i, st in enumerate(stats)
+        if (st.eos_probs[5:-1] < 0.01).any()
+    )
     cols["output_tokens"][victim] = cols["output_tokens"][victim][:cut] + [swarm.tok.eos_token_id]
     cols = rescore(swarm, prove_by_prefill(swarm, cols))
     verdict = judge(swarm, write(swarm, 0, cols, "early.parquet"))
@@ -286,10 +372,15 @@ def test_truncated_sample_with_truncated_proofs(swarm, honest):
 def test_random_proof_bytes(swarm, honest):
     cols = copy_cols(honest[1])
     rng = np.random.default_rng(0)
-    cols["proofs"][5] = b"".join(encode_proof(65497, rng.integers(0, 65497, 128)) for _ in range(len(cols["proofs"][5]) // 258))
+    cols["proofs"][5] = b"".join(
+        encode_proof(65497, rng.integers(0, 65497, 128))
+        for _ in range(len(cols["proofs"][5]) // 258)
+    )
     verdict = judge(swarm, write(swarm, 0, cols, "random-proofs.parquet"))
     assert_rejected(verdict, "toploc")
-    assert verdict.failures[0].sample == 5 and verdict.reason.startswith("rejected: toploc: sample 5: chunk 0")
+    assert verdict.failures[0].sample == 5 and verdict.reason.startswith(
+        "rejected: toploc: sample 5: chunk 0"
+    )
 
 
 def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
@@ -320,7 +411,12 @@ def test_truncated_file_and_wrong_schema_are_unusable_by_the_real_command(swarm,
     path, cols = honest
     truncated = tmp_path / "truncated.parquet"
     truncated.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    out = subprocess.run([sys.executable, "-m", "swarmrl.validator.cli", str(truncated)], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "swarmrl.validator.cli", str(truncated)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and "unusable: unreadable rollout file" in out.stderr
 
@@ -328,32 +424,61 @@ def test_truncated_file_and_wrong_schema_are_unusable_by_the_real_command(swarm,
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
-    wrong = table.set_column(table.schema.get_field_index("seed"), pa.field("seed", pa.string()),
-                             pa.array([str(x) for x in cols["seed"]]))
+    wrong = table.set_column(
+        table.schema.get_field_index("seed"),
+        pa.field("seed", pa.string()),
+        pa.array([str(x) for x in cols["seed"]]),
+    )
     bad = tmp_path / "wrong-schema.parquet"
     pq.write_table(wrong, bad)
-    verdict = validate_file(bad, config_path=swarm.run_dir / "config.json", model_dir=swarm.run_dir / "checkpoints" / "step_000000")
-    assert verdict.status == "unusable" and verdict.exit_code == 2 and "'seed' has type string" in verdict.reason
+    verdict = validate_file(
+        bad,
+        config_path=swarm.run_dir / "config.json",
+        model_dir=swarm.run_dir / "checkpoints" / "step_000000",
+    )
+    assert (
+        verdict.status == "unusable"
+        and verdict.exit_code == 2
+        and "'seed' has type string" in verdict.reason
+    )
 
 
 def test_honest_workers_are_never_rejected(swarm):
     """2,048 honest samples: different batch sizes (64 to 1,024), thread counts and batch mixes."""
     g = swarm.cfg.sampling.group_size
     per_file = swarm.cfg.worker.prompts_per_file
-    plans = [(1, 1), (1, 1), (2, 2), (4, 1), (8, 2), (16, 2), (32, 1)]  # (files generated in one batch, threads)
+    plans = [
+        (1, 1),
+        (1, 1),
+        (2, 2),
+        (4, 1),
+        (8, 2),
+        (16, 2),
+        (32, 1),
+    ]  # (files generated in one batch, threads)
     counter, verdicts = 100, []
     try:
         for files, threads in plans:
             torch.set_num_threads(threads)
             plans_ = [assignment(swarm, counter + k) for k in range(files)]
-            merged = Assignment(seed=0, problem_indices=sum((p.problem_indices for p in plans_), []),
-                                target_lengths=sum((p.target_lengths for p in plans_), []),
-                                sample_seeds=sum((p.sample_seeds for p in plans_), []))
-            cols = generate_rollouts(swarm.model, swarm.tok, swarm.task, merged, swarm.params, STEP,
-                                     swarm.cfg.task.length_penalty).columns
+            merged = Assignment(
+                seed=0,
+                problem_indices=sum((p.problem_indices for p in plans_), []),
+                target_lengths=sum((p.target_lengths for p in plans_), []),
+                sample_seeds=sum((p.sample_seeds for p in plans_), []),
+            )
+            cols = generate_rollouts(
+                swarm.model,
+                swarm.tok,
+                swarm.task,
+                merged,
+                swarm.params,
+                STEP,
+                swarm.cfg.task.length_penalty,
+            ).columns
             rows = per_file * g
             for k in range(files):
-                part = {name: values[k * rows:(k + 1) * rows] for name, values in cols.items()}
+                part = {name: values[k * rows : (k + 1) * rows] for name, values in cols.items()}
                 verdicts.append(judge(swarm, write(swarm, counter + k, part)))
             counter += files
     finally:
@@ -362,9 +487,18 @@ def test_honest_workers_are_never_rejected(swarm):
     assert samples >= 2000
     rejected = [v.reason for v in verdicts if v.status != "accepted"]
     assert rejected == []
-    worst = {key: max(v.figures[key] for v in verdicts) for key in (
-        "toploc.max_exp_mismatches", "toploc.max_mant_err_mean", "logprobs.max_abs_diff", "sampling.max_replay_excess")}
+    worst = {
+        key: max(v.figures[key] for v in verdicts)
+        for key in (
+            "toploc.max_exp_mismatches",
+            "toploc.max_mant_err_mean",
+            "logprobs.max_abs_diff",
+            "sampling.max_replay_excess",
+        )
+    }
     z = [v.figures["sampling.surprisal_z"] for v in verdicts]
-    print(f"honest calibration over {samples} samples: {worst}, surprisal z in [{min(z):.2f}, {max(z):.2f}], "
-          f"min PIT p {min(v.figures['sampling.pit_p'] for v in verdicts):.3g}, "
-          f"low-probability EOS endings {sum(v.figures['termination.low_probability_eos'] for v in verdicts)}")
+    print(
+        f"honest calibration over {samples} samples: {worst}, surprisal z in [{min(z):.2f}, {max(z):.2f}], "
+        f"min PIT p {min(v.figures['sampling.pit_p'] for v in verdicts):.3g}, "
+        f"low-probability EOS endings {sum(v.figures['termination.low_probability_eos'] for v in verdicts)}"
+    )

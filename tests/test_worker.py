@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from tests.conftest import random_model
 
 from swarmrl.assignment import assign
 from swarmrl.inference.finisher import FileFinisher
@@ -14,17 +15,31 @@ from swarmrl.inference.sampler import SamplingParams
 from swarmrl.rollouts import RolloutMeta, read_rollouts
 from swarmrl.tasks.arithmetic import ArithmeticTask
 from swarmrl.toploc import build_proofs, bytes_to_proofs, proofs_to_bytes
-from tests.conftest import random_model
 
 
 def _batch(counter: int, proofs: bool):
     model, tok = random_model()
     task = ArithmeticTask()
-    plan = assign(7, "w", 0, counter, num_problems=task.num_train(), prompts=2, group_size=4, target_lengths=[32])
+    plan = assign(
+        7,
+        "w",
+        0,
+        counter,
+        num_problems=task.num_train(),
+        prompts=2,
+        group_size=4,
+        target_lengths=[32],
+    )
     params = SamplingParams(temperature=1.0, max_new_tokens=12, eos_token_id=tok.eos_token_id)
     batch = generate_rollouts(model, tok, task, plan, params, 0, 0.01, proofs=proofs)
-    meta = RolloutMeta(run_id="r", worker_address="w", step=0, submission=counter, num_samples=8,
-                       num_nonzero=batch.num_nonzero)
+    meta = RolloutMeta(
+        run_id="r",
+        worker_address="w",
+        step=0,
+        submission=counter,
+        num_samples=8,
+        num_nonzero=batch.num_nonzero,
+    )
     return batch, meta
 
 
@@ -52,7 +67,11 @@ def test_finisher_writes_in_the_background_and_reports_the_file_in_flight(tmp_pa
     batch, meta = _batch(0, proofs=False)
     assert finisher.submit(tmp_path / "w-00000.parquet", batch, meta) == 0.0
     pending = finisher.in_flight()
-    assert pending is not None and (pending.step, pending.submission, pending.num_nonzero) == (0, 0, meta.num_nonzero)
+    assert pending is not None and (pending.step, pending.submission, pending.num_nonzero) == (
+        0,
+        0,
+        meta.num_nonzero,
+    )
     release.set()
     second, meta2 = _batch(1, proofs=False)
     finisher.submit(tmp_path / "w-00001.parquet", second, meta2)  # waits for the first
@@ -61,7 +80,9 @@ def test_finisher_writes_in_the_background_and_reports_the_file_in_flight(tmp_pa
     assert finisher.in_flight() is None
     table, read_meta = read_rollouts(tmp_path / "w-00001.parquet")
     assert read_meta.submission == 1
-    assert table.column("proofs").to_pylist() == second.columns["proofs"] and all(second.columns["proofs"])
+    assert table.column("proofs").to_pylist() == second.columns["proofs"] and all(
+        second.columns["proofs"]
+    )
     # The child process built the same bytes as the in-process path.
     again, _ = _batch(1, proofs=True)
     assert second.columns["proofs"] == again.columns["proofs"]

@@ -33,12 +33,28 @@ def assignment_seed(run_seed: int, worker_address: str, step: int, counter: int)
     return stable_hash(f"swarmrl-assignment|{run_seed}|{worker_address}|{step}|{counter}")
 
 
-def assign(run_seed: int, worker_address: str, step: int, counter: int, *, num_problems: int,
-           prompts: int, group_size: int, target_lengths: list[int]) -> Assignment:
+def assign(
+    run_seed: int,
+    worker_address: str,
+    step: int,
+    counter: int,
+    *,
+    num_problems: int,
+    prompts: int,
+    group_size: int,
+    target_lengths: list[int],
+) -> Assignment:
     """The assignment for one submission; pure, so every party computes the same one."""
     seed = assignment_seed(run_seed, worker_address, step, counter)
     rng = np.random.default_rng(seed)
     indices = rng.integers(0, num_problems, size=prompts).tolist()
-    targets = rng.choice(target_lengths, size=prompts).tolist() if target_lengths else [-1] * prompts
+    targets = (
+        rng.choice(target_lengths, size=prompts).tolist() if target_lengths else [-1] * prompts
+    )
     sample_seeds = rng.integers(0, 2**63 - 1, size=(prompts, group_size), dtype=np.int64).tolist()
-    return Assignment(seed=seed, problem_indices=indices, target_lengths=[int(t) for t in targets], sample_seeds=sample_seeds)
+    return Assignment(
+        seed=seed,
+        problem_indices=indices,
+        target_lengths=[int(t) for t in targets],
+        sample_seeds=sample_seeds,
+    )

@@ -65,7 +65,9 @@ def trainer_state_path(root: Path, step: int) -> Path:
     return Path(root) / "trainer_state" / f"step_{step:06d}.pt"
 
 
-def save_checkpoint(root: Path, step: int, model, tokenizer, trainer_state: dict | None = None) -> Path:
+def save_checkpoint(
+    root: Path, step: int, model, tokenizer, trainer_state: dict | None = None
+) -> Path:
     """Write checkpoint `step` atomically and return its directory."""
     final = checkpoint_dir(root, step)
     if trainer_state is not None:

@@ -30,8 +30,25 @@ def _trainer(args) -> int:
     trainer = Trainer(cfg, Path(args.start_model))
 
     def show(record: dict) -> None:
-        print(json.dumps({k: record[k] for k in ("step", "reward", "task_reward", "length_error", "grad_norm",
-                                                   "clip_ratio", "entropy", "staleness_mean", "wait_seconds")}), flush=True)
+        print(
+            json.dumps(
+                {
+                    k: record[k]
+                    for k in (
+                        "step",
+                        "reward",
+                        "task_reward",
+                        "length_error",
+                        "grad_norm",
+                        "clip_ratio",
+                        "entropy",
+                        "staleness_mean",
+                        "wait_seconds",
+                    )
+                }
+            ),
+            flush=True,
+        )
 
     trainer.run(on_step=show)
     return 0
@@ -79,38 +96,63 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="swarmrl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("run", help="train the configured model with a local swarm (trainer + workers) and evaluate it",
-                       description="Start a trainer, N inference workers, SHARDCAST relays and a validator on this machine, "
-                                   "train with asynchronous GRPO, "
-                                   "evaluate the starting and final checkpoints, write <output_dir>/<run_name>/summary.json. "
-                                   "Every option below is a config field; --config reads them from a TOML file.")
+    p = sub.add_parser(
+        "run",
+        help="train the configured model with a local swarm (trainer + workers) and evaluate it",
+        description="Start a trainer, N inference workers, SHARDCAST relays and a validator on this machine, "
+        "train with asynchronous GRPO, "
+        "evaluate the starting and final checkpoints, write <output_dir>/<run_name>/summary.json. "
+        "Every option below is a config field; --config reads them from a TOML file.",
+    )
     add_config_arguments(p)
     p.set_defaults(func=_run)
 
-    p = sub.add_parser("trainer", help="run the GRPO trainer process of a run (resumes from its last checkpoint)")
+    p = sub.add_parser(
+        "trainer", help="run the GRPO trainer process of a run (resumes from its last checkpoint)"
+    )
     add_config_arguments(p)
-    p.add_argument("--start-model", required=True, help="model directory to start from when the run has no checkpoint")
+    p.add_argument(
+        "--start-model",
+        required=True,
+        help="model directory to start from when the run has no checkpoint",
+    )
     p.set_defaults(func=_trainer)
 
     p = sub.add_parser("worker", help="run one inference worker process of a run")
     add_config_arguments(p)
-    p.add_argument("--address", required=True, help="this worker's address (names its rollout files and seeds its assignments)")
+    p.add_argument(
+        "--address",
+        required=True,
+        help="this worker's address (names its rollout files and seeds its assignments)",
+    )
     p.set_defaults(func=_worker)
 
-    p = sub.add_parser("validator", help="run the validator process of a run: judge a secret random fraction of its rollout files as they arrive",
-                       description="Watch <run>/rollouts, validate the files chosen by HMAC(secret, file hash) < validator.fraction "
-                                   "with the claimed checkpoints, and append one verdict per judged file to "
-                                   "<run>/validator/verdicts.jsonl; stops when the trainer is done (docs/validator.md).")
+    p = sub.add_parser(
+        "validator",
+        help="run the validator process of a run: judge a secret random fraction of its rollout files as they arrive",
+        description="Watch <run>/rollouts, validate the files chosen by HMAC(secret, file hash) < validator.fraction "
+        "with the claimed checkpoints, and append one verdict per judged file to "
+        "<run>/validator/verdicts.jsonl; stops when the trainer is done (docs/validator.md).",
+    )
     add_config_arguments(p)
     p.set_defaults(func=_validator)
 
-    p = sub.add_parser("eval", help="evaluate a model directory on the configured task's held-out split")
+    p = sub.add_parser(
+        "eval", help="evaluate a model directory on the configured task's held-out split"
+    )
     add_config_arguments(p)
     p.add_argument("--model", required=True, help="Hugging Face model directory")
     p.set_defaults(func=_eval)
 
-    p = sub.add_parser("init-model", help="build (or find) the cached embedded default model and print its path")
-    p.add_argument("--cache-dir", type=Path, default=None, help="cache folder (default $SWARMRL_CACHE or ~/.cache/swarmrl)")
+    p = sub.add_parser(
+        "init-model", help="build (or find) the cached embedded default model and print its path"
+    )
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="cache folder (default $SWARMRL_CACHE or ~/.cache/swarmrl)",
+    )
     p.set_defaults(func=_init_model)
 
     from swarmrl.shardcast.cli import register as register_shardcast
@@ -122,7 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

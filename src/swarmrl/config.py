@@ -21,20 +21,45 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    path: str | None = Field(None, description="Hugging Face causal LM directory to start from; empty = the embedded tiny model (built and cached on first use)")
-    cache_dir: str | None = Field(None, description="where the embedded model is cached (default: $SWARMRL_CACHE or ~/.cache/swarmrl)")
+    path: str | None = Field(
+        None,
+        description="Hugging Face causal LM directory to start from; empty = the embedded tiny model (built and cached on first use)",
+    )
+    cache_dir: str | None = Field(
+        None,
+        description="where the embedded model is cached (default: $SWARMRL_CACHE or ~/.cache/swarmrl)",
+    )
 
 
 class TaskConfig(_Section):
-    name: Literal["arithmetic", "math", "code"] = Field("arithmetic", description="task: arithmetic (embedded), math (\\boxed{} answers, math-verify) or code (tests in a sandbox)")
-    path: str | None = Field(None, description="JSONL or Parquet file of problems (math and code tasks)")
-    eval_path: str | None = Field(None, description="separate held-out file (math and code); default: a held-out tail of `path`")
-    eval_size: int = Field(256, ge=1, description="held-out problems to evaluate on (math and code: the last eval_size problems of `path`; ignored when eval_path is given)")
-    target_lengths: list[int] = Field([32, 40], description="target completion lengths (tokens), one sampled per prompt and written into it; empty = no length target")
-    length_penalty: float = Field(0.03, ge=0, description="alpha in reward = task reward - alpha*|target - length| (paper: 3e-4 for thousands of tokens)")
+    name: Literal["arithmetic", "math", "code"] = Field(
+        "arithmetic",
+        description="task: arithmetic (embedded), math (\\boxed{} answers, math-verify) or code (tests in a sandbox)",
+    )
+    path: str | None = Field(
+        None, description="JSONL or Parquet file of problems (math and code tasks)"
+    )
+    eval_path: str | None = Field(
+        None,
+        description="separate held-out file (math and code); default: a held-out tail of `path`",
+    )
+    eval_size: int = Field(
+        256,
+        ge=1,
+        description="held-out problems to evaluate on (math and code: the last eval_size problems of `path`; ignored when eval_path is given)",
+    )
+    target_lengths: list[int] = Field(
+        [32, 40],
+        description="target completion lengths (tokens), one sampled per prompt and written into it; empty = no length target",
+    )
+    length_penalty: float = Field(
+        0.03,
+        ge=0,
+        description="alpha in reward = task reward - alpha*|target - length| (paper: 3e-4 for thousands of tokens)",
+    )
 
     @model_validator(mode="after")
-    def _needs_path(self) -> "TaskConfig":
+    def _needs_path(self) -> TaskConfig:
         if self.name != "arithmetic" and not self.path:
             raise ValueError(f"task.path is required for the {self.name} task")
         if any(t <= 0 for t in self.target_lengths):
@@ -43,66 +68,129 @@ class TaskConfig(_Section):
 
 
 class SamplingConfig(_Section):
-    temperature: float = Field(0.6, gt=0, description="sampling temperature; the trainer divides logits by the same value")
+    temperature: float = Field(
+        0.6, gt=0, description="sampling temperature; the trainer divides logits by the same value"
+    )
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling threshold (1 = off)")
     max_new_tokens: int = Field(48, ge=1, description="completion length limit")
-    group_size: int = Field(8, ge=2, description="G: samples per prompt; advantages are normalized within a group")
+    group_size: int = Field(
+        8, ge=2, description="G: samples per prompt; advantages are normalized within a group"
+    )
 
 
 class WorkerConfig(_Section):
     count: int = Field(2, ge=1, description="inference worker processes started by `swarmrl run`")
-    prompts_per_file: int = Field(8, ge=1, description="prompts per work submission (one rollout file)")
+    prompts_per_file: int = Field(
+        8, ge=1, description="prompts per work submission (one rollout file)"
+    )
     threads: int = Field(1, ge=1, description="torch threads per worker process")
-    poll_seconds: float = Field(0.2, gt=0, description="how often an idle worker looks for a new checkpoint or step")
+    poll_seconds: float = Field(
+        0.2, gt=0, description="how often an idle worker looks for a new checkpoint or step"
+    )
 
 
 class ShardcastConfig(_Section):
-    enabled: bool = Field(True, description="broadcast checkpoints through a SHARDCAST origin and relays (workers fetch from the relays); off = workers read the checkpoint folder")
-    relays: int = Field(1, ge=1, description="relays `swarmrl run` starts (chained: relay i mirrors relay i-1, the first mirrors the origin)")
-    shard_size: int = Field(2_000_000, ge=1024, description="bytes per shard (reference default 50,000,000)")
+    enabled: bool = Field(
+        True,
+        description="broadcast checkpoints through a SHARDCAST origin and relays (workers fetch from the relays); off = workers read the checkpoint folder",
+    )
+    relays: int = Field(
+        1,
+        ge=1,
+        description="relays `swarmrl run` starts (chained: relay i mirrors relay i-1, the first mirrors the origin)",
+    )
+    shard_size: int = Field(
+        2_000_000, ge=1024, description="bytes per shard (reference default 50,000,000)"
+    )
     keep: int = Field(4, ge=1, description="versions the origin keeps listed")
-    poll_seconds: float = Field(0.2, gt=0, description="how often a relay checks its upstream for new versions")
-    servers: list[str] = Field([], description="server URLs workers fetch checkpoints from (`swarmrl run` fills this in)")
+    poll_seconds: float = Field(
+        0.2, gt=0, description="how often a relay checks its upstream for new versions"
+    )
+    servers: list[str] = Field(
+        [], description="server URLs workers fetch checkpoints from (`swarmrl run` fills this in)"
+    )
 
 
 class TrainerConfig(_Section):
     steps: int = Field(50, ge=0, description="rollout steps to train (checkpoints 1..steps)")
-    batch_samples: int = Field(128, ge=1, description="non-zero-advantage samples consumed per rollout step (whole groups)")
-    optimizer_steps: int = Field(2, ge=1, description="optimizer steps per rollout step (the batch is split into this many minibatches)")
-    lr: float = Field(1e-4, gt=0, description="AdamW learning rate (paper: 3e-7 for 32B; tiny models tolerate more, but Adam moves every weight by about lr per step, so keep it small)")
-    warmup_steps: int = Field(2, ge=0, description="linear learning-rate warm-up, in optimizer steps")
+    batch_samples: int = Field(
+        128, ge=1, description="non-zero-advantage samples consumed per rollout step (whole groups)"
+    )
+    optimizer_steps: int = Field(
+        2,
+        ge=1,
+        description="optimizer steps per rollout step (the batch is split into this many minibatches)",
+    )
+    lr: float = Field(
+        1e-4,
+        gt=0,
+        description="AdamW learning rate (paper: 3e-7 for 32B; tiny models tolerate more, but Adam moves every weight by about lr per step, so keep it small)",
+    )
+    warmup_steps: int = Field(
+        2, ge=0, description="linear learning-rate warm-up, in optimizer steps"
+    )
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
     grad_clip: float = Field(1.0, gt=0, description="gradient-norm clip (paper: 0.05-0.1 for 32B)")
-    epsilon: float = Field(0.2, gt=0, lt=1, description="two-sided ratio clip: ratio is clipped to [1-eps, 1+eps]")
-    delta: float = Field(4.0, gt=1, description="cap on the ratio for negative advantages (paper: 4)")
+    epsilon: float = Field(
+        0.2, gt=0, lt=1, description="two-sided ratio clip: ratio is clipped to [1-eps, 1+eps]"
+    )
+    delta: float = Field(
+        4.0, gt=1, description="cap on the ratio for negative advantages (paper: 4)"
+    )
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus coefficient (0 = off)")
-    keep_checkpoints: int = Field(4, ge=1, description="checkpoints kept on disk (at least async_level + 1 are always kept)")
+    keep_checkpoints: int = Field(
+        4, ge=1, description="checkpoints kept on disk (at least async_level + 1 are always kept)"
+    )
     threads: int = Field(1, ge=1, description="torch threads for the trainer process")
     seed: int = Field(0, description="trainer seed")
 
 
 class ValidatorConfig(_Section):
-    fraction: float = Field(0.1, ge=0, le=1, description="fraction of rollout files the validator process of `swarmrl run` checks, chosen by HMAC(secret, file hash) so a worker cannot tell which (0 = no validator process)")
-    toploc: Literal["fp32", "paper"] = Field("fp32", description="TOPLOC thresholds: fp32 (calibrated on fp32 models, 8/0.5/1) or paper (bf16 GPUs, 38/10/8)")
+    fraction: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="fraction of rollout files the validator process of `swarmrl run` checks, chosen by HMAC(secret, file hash) so a worker cannot tell which (0 = no validator process)",
+    )
+    toploc: Literal["fp32", "paper"] = Field(
+        "fp32",
+        description="TOPLOC thresholds: fp32 (calibrated on fp32 models, 8/0.5/1) or paper (bf16 GPUs, 38/10/8)",
+    )
     threads: int = Field(1, ge=1, description="torch threads for the validator process")
-    poll_seconds: float = Field(0.5, gt=0, description="how often the validator looks for new rollout files")
+    poll_seconds: float = Field(
+        0.5, gt=0, description="how often the validator looks for new rollout files"
+    )
 
 
 class RunConfig(_Section):
-    run_name: str = Field("default", description="name of the run; outputs go to <output_dir>/<run_name>")
+    run_name: str = Field(
+        "default", description="name of the run; outputs go to <output_dir>/<run_name>"
+    )
     output_dir: str = Field("outputs", description="parent folder of run folders")
-    async_level: int = Field(2, ge=0, description="k: samples for step n must come from a policy >= n-k (0 = synchronous)")
+    async_level: int = Field(
+        2,
+        ge=0,
+        description="k: samples for step n must come from a policy >= n-k (0 = synchronous)",
+    )
     seed: int = Field(0, description="seed for prompt assignment and sampling")
-    eval_before: bool = Field(True, description="evaluate the starting checkpoint on the held-out split")
-    eval_after: bool = Field(True, description="evaluate the final checkpoint on the held-out split")
+    eval_before: bool = Field(
+        True, description="evaluate the starting checkpoint on the held-out split"
+    )
+    eval_after: bool = Field(
+        True, description="evaluate the final checkpoint on the held-out split"
+    )
     model: ModelConfig = Field(default_factory=ModelConfig, description="starting model")
     task: TaskConfig = Field(default_factory=TaskConfig, description="task and reward")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="sampling")
     worker: WorkerConfig = Field(default_factory=WorkerConfig, description="inference workers")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="GRPO trainer")
-    shardcast: ShardcastConfig = Field(default_factory=ShardcastConfig, description="checkpoint broadcast")
-    validator: ValidatorConfig = Field(default_factory=ValidatorConfig, description="the validator process")
+    shardcast: ShardcastConfig = Field(
+        default_factory=ShardcastConfig, description="checkpoint broadcast"
+    )
+    validator: ValidatorConfig = Field(
+        default_factory=ValidatorConfig, description="the validator process"
+    )
 
     @property
     def run_dir(self) -> Path:
@@ -157,7 +245,11 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
 def _one_line(err: ValidationError) -> str:
     first = err.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or "config"
-    got = f" (got {json.dumps(first['input'], default=str)})" if "input" in first and not isinstance(first["input"], dict) else ""
+    got = (
+        f" (got {json.dumps(first['input'], default=str)})"
+        if "input" in first and not isinstance(first["input"], dict)
+        else ""
+    )
     return f"invalid config: {where}: {first['msg']}{got}"
 
 
@@ -166,7 +258,11 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
     tree: dict = {}
     if path is not None:
         try:
-            tree = tomllib.loads(Path(path).read_text()) if Path(path).suffix == ".toml" else json.loads(Path(path).read_text())
+            tree = (
+                tomllib.loads(Path(path).read_text())
+                if Path(path).suffix == ".toml"
+                else json.loads(Path(path).read_text())
+            )
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:

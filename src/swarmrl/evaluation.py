@@ -23,12 +23,19 @@ def evaluate(model_dir: Path, task: Task, cfg: RunConfig, batch_size: int = 256)
     model, tok = load_policy(model_dir)
     problems = task.eval_problems()
     targets = cfg.task.target_lengths
-    params = SamplingParams(temperature=cfg.sampling.temperature, max_new_tokens=cfg.sampling.max_new_tokens,
-                            eos_token_id=tok.eos_token_id, top_p=cfg.sampling.top_p)
+    params = SamplingParams(
+        temperature=cfg.sampling.temperature,
+        max_new_tokens=cfg.sampling.max_new_tokens,
+        eos_token_id=tok.eos_token_id,
+        top_p=cfg.sampling.top_p,
+    )
     correct, errors, lengths = [], [], []
     for start in range(0, len(problems), batch_size):
-        chunk = problems[start:start + batch_size]
-        chunk_targets = [targets[stable_hash("target|" + p.problem_id) % len(targets)] if targets else None for p in chunk]
+        chunk = problems[start : start + batch_size]
+        chunk_targets = [
+            targets[stable_hash("target|" + p.problem_id) % len(targets)] if targets else None
+            for p in chunk
+        ]
         prompts = [tok(task.render_prompt(p, t))["input_ids"] for p, t in zip(chunk, chunk_targets)]
         seeds = [stable_hash("eval|" + p.problem_id) >> 1 for p in chunk]
         gens = sample(model, prompts, seeds, params, pad_id=tok.pad_token_id, capture_hidden=False)

@@ -31,8 +31,13 @@ def length_penalty(target_length: int | None, completion_length: int, alpha: flo
     return alpha * abs(target_length - completion_length)
 
 
-def score_sample(task_reward: float, target_length: int | None, completion_length: int, alpha: float) -> Reward:
-    return Reward(task_reward=task_reward, length_penalty=length_penalty(target_length, completion_length, alpha))
+def score_sample(
+    task_reward: float, target_length: int | None, completion_length: int, alpha: float
+) -> Reward:
+    return Reward(
+        task_reward=task_reward,
+        length_penalty=length_penalty(target_length, completion_length, alpha),
+    )
 
 
 def group_advantages(rewards: np.ndarray | list[float]) -> np.ndarray:

@@ -44,10 +44,18 @@ def resolve_start_model(cfg: RunConfig, console: Console) -> Path:
     if cfg.model.path:
         path = Path(cfg.model.path)
         if not (path / "config.json").exists():
-            raise SwarmError(f"model.path {path} is not a Hugging Face model directory (no config.json)")
+            raise SwarmError(
+                f"model.path {path} is not a Hugging Face model directory (no config.json)"
+            )
         return path
-    with Progress(TextColumn("warm start of the embedded model"), BarColumn(), TextColumn("{task.completed}/{task.total} loss {task.fields[loss]:.3f}"),
-                  TimeElapsedColumn(), console=console, transient=True) as progress:
+    with Progress(
+        TextColumn("warm start of the embedded model"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} loss {task.fields[loss]:.3f}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
         bar = progress.add_task("sft", total=None, loss=float("nan"))
 
         def report(step: int, total: int, loss: float) -> None:
@@ -55,15 +63,24 @@ def resolve_start_model(cfg: RunConfig, console: Console) -> Path:
             if not console.is_terminal and (step % 100 == 0 or step == total):
                 console.print(f"warm start {step}/{total} loss {loss:.3f}")
 
-        return ensure_default_model(Path(cfg.model.cache_dir) if cfg.model.cache_dir else None, progress=report)
+        return ensure_default_model(
+            Path(cfg.model.cache_dir) if cfg.model.cache_dir else None, progress=report
+        )
 
 
 def _spawn(args: list[str], log_path: Path, threads: int) -> subprocess.Popen:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1"
+    )
     log_path.parent.mkdir(parents=True, exist_ok=True)
     fh = open(log_path, "ab")
-    return subprocess.Popen([sys.executable, "-m", "swarmrl", *args], stdout=fh, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "swarmrl", *args],
+        stdout=fh,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
 
 
 def _proof_figures(logs: Path) -> dict[str, float | None]:
@@ -78,8 +95,10 @@ def _proof_figures(logs: Path) -> dict[str, float | None]:
                 waited += record.get("proof_wait_seconds", 0.0)
             except (KeyError, TypeError):
                 continue
-    return {"proof_share_of_generation": round(proofs / gen, 4) if gen else None,
-            "proof_wait_share_of_generation": round(waited / gen, 4) if gen else None}
+    return {
+        "proof_share_of_generation": round(proofs / gen, 4) if gen else None,
+        "proof_wait_share_of_generation": round(waited / gen, 4) if gen else None,
+    }
 
 
 def _tail(path: Path, lines: int = 25) -> str:
@@ -130,7 +149,9 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
     if cfg.eval_before:
         with console.status("evaluating the starting model on the held-out split"):
             before = evaluate(start_model, task, cfg)
-        console.print(f"before RL: accuracy {before['accuracy']:.3f}, length error {before['length_error']}")
+        console.print(
+            f"before RL: accuracy {before['accuracy']:.3f}, length error {before['length_error']}"
+        )
 
     logs = run_dir / "logs"
     done_marker = run_dir / "trainer_done.json"
@@ -150,26 +171,61 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
         upstream = origin_server.url
         for i in range(cfg.shardcast.relays):
             port = _free_port()
-            procs[f"relay-{i}"] = _spawn(["relay", "--upstream", upstream, "--root", str(run_dir / "shardcast" / f"relay-{i}"),
-                                          "--port", str(port), "--poll-s", str(cfg.shardcast.poll_seconds)],
-                                         logs / f"relay-{i}.log", 1)
+            procs[f"relay-{i}"] = _spawn(
+                [
+                    "relay",
+                    "--upstream",
+                    upstream,
+                    "--root",
+                    str(run_dir / "shardcast" / f"relay-{i}"),
+                    "--port",
+                    str(port),
+                    "--poll-s",
+                    str(cfg.shardcast.poll_seconds),
+                ],
+                logs / f"relay-{i}.log",
+                1,
+            )
             upstream = server_urls[f"relay-{i}"] = f"http://127.0.0.1:{port}"
-        cfg = cfg.model_copy(update={"shardcast": cfg.shardcast.model_copy(update={"servers": [upstream]})})
+        cfg = cfg.model_copy(
+            update={"shardcast": cfg.shardcast.model_copy(update={"servers": [upstream]})}
+        )
         config_path.write_text(cfg.model_dump_json(indent=2))
-        console.print(f"checkpoints: origin {origin_server.url} -> " + " -> ".join(
-            f"{name} {url}" for name, url in server_urls.items() if name != "origin") + " -> workers")
-    procs["trainer"] = _spawn(["trainer", "--config", str(config_path), "--start-model", str(start_model)],
-                              logs / "trainer.log", cfg.trainer.threads)
+        console.print(
+            f"checkpoints: origin {origin_server.url} -> "
+            + " -> ".join(f"{name} {url}" for name, url in server_urls.items() if name != "origin")
+            + " -> workers"
+        )
+    procs["trainer"] = _spawn(
+        ["trainer", "--config", str(config_path), "--start-model", str(start_model)],
+        logs / "trainer.log",
+        cfg.trainer.threads,
+    )
     for i in range(cfg.worker.count):
-        procs[f"worker-{i}"] = _spawn(["worker", "--config", str(config_path), "--address", f"worker-{i}"],
-                                      logs / f"worker-{i}.log", cfg.worker.threads)
+        procs[f"worker-{i}"] = _spawn(
+            ["worker", "--config", str(config_path), "--address", f"worker-{i}"],
+            logs / f"worker-{i}.log",
+            cfg.worker.threads,
+        )
     if cfg.validator.fraction > 0:
-        procs["validator"] = _spawn(["validator", "--config", str(config_path)], logs / "validator.log", cfg.validator.threads)
+        procs["validator"] = _spawn(
+            ["validator", "--config", str(config_path)],
+            logs / "validator.log",
+            cfg.validator.threads,
+        )
     metrics_path = run_dir / "metrics.jsonl"
     try:
-        with Progress(TextColumn("[bold]GRPO"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
-                      TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console) as progress:
-            bar = progress.add_task("train", total=cfg.trainer.steps, info="waiting for the first rollouts")
+        with Progress(
+            TextColumn("[bold]GRPO"),
+            BarColumn(),
+            TextColumn("step {task.completed}/{task.total}"),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=console,
+        ) as progress:
+            bar = progress.add_task(
+                "train", total=cfg.trainer.steps, info="waiting for the first rollouts"
+            )
             shown_step = -1
             while True:
                 for name, proc in procs.items():
@@ -182,9 +238,11 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
                 records = read_metrics(metrics_path)
                 if records:
                     last = records[-1]
-                    info = (f"reward {last['reward']:+.3f} task {last['task_reward']:.3f} |len err| {last['length_error']:.1f} "
-                            f"grad {last['grad_norm']:.3f} clip {last['clip_ratio']:.3f} stale {last['staleness_mean']:.2f} "
-                            f"wait {last['wait_seconds']:.1f}s")
+                    info = (
+                        f"reward {last['reward']:+.3f} task {last['task_reward']:.3f} |len err| {last['length_error']:.1f} "
+                        f"grad {last['grad_norm']:.3f} clip {last['clip_ratio']:.3f} stale {last['staleness_mean']:.2f} "
+                        f"wait {last['wait_seconds']:.1f}s"
+                    )
                     progress.update(bar, completed=last["step"] + 1, info=info)
                     if not console.is_terminal and last["step"] > shown_step:
                         # No live bar in a log file: one line per step instead.
@@ -192,8 +250,10 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
                         shown_step = last["step"]
                 if name is not None:
                     if code != 0:
-                        raise SwarmError(f"{name} exited with code {code}; last lines of {logs / (name + '.log')}:\n"
-                                         + _tail(logs / f"{name}.log"))
+                        raise SwarmError(
+                            f"{name} exited with code {code}; last lines of {logs / (name + '.log')}:\n"
+                            + _tail(logs / f"{name}.log")
+                        )
                     break
                 time.sleep(0.5)
         for name, proc in procs.items():
@@ -203,7 +263,10 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
                 except subprocess.TimeoutExpired:
                     pass
                 if proc.returncode not in (None, 0):
-                    raise SwarmError(f"{name} exited with code {proc.returncode}; last lines:\n" + _tail(logs / f"{name}.log"))
+                    raise SwarmError(
+                        f"{name} exited with code {proc.returncode}; last lines:\n"
+                        + _tail(logs / f"{name}.log")
+                    )
         served = {name: _server_bytes(url) for name, url in server_urls.items()}
     finally:
         _stop(procs)
@@ -237,7 +300,9 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
         "trainer_idle_fraction": wait / busy if busy else None,
         "bytes_served": served,
         **_proof_figures(logs),
-        "validation": {"fraction": cfg.validator.fraction, **verdict_counts(run_dir)} if cfg.validator.fraction > 0 else None,
+        "validation": {"fraction": cfg.validator.fraction, **verdict_counts(run_dir)}
+        if cfg.validator.fraction > 0
+        else None,
         "wall_seconds": round(time.time() - started, 1),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

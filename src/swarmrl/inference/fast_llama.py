@@ -35,8 +35,8 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.bool)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p):] = True
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = True
     return ids, mask
 
 
@@ -67,8 +67,12 @@ def _stacked(*linears: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | No
     biases = [lin.bias for lin in linears]
     if all(b is None for b in biases):
         return weight, None
-    return weight, torch.cat([b if b is not None else torch.zeros(lin.weight.shape[0], dtype=weight.dtype)
-                              for b, lin in zip(biases, linears)])
+    return weight, torch.cat(
+        [
+            b if b is not None else torch.zeros(lin.weight.shape[0], dtype=weight.dtype)
+            for b, lin in zip(biases, linears)
+        ]
+    )
 
 
 class FastLlama:
@@ -87,11 +91,17 @@ class FastLlama:
         self.params = list(model.parameters())
         self.layers = [
             _LayerWeights(
-                ln1=layer.input_layernorm.weight, ln1_eps=layer.input_layernorm.variance_epsilon,
-                qkv=self._interleave_qk(_stacked(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)),
+                ln1=layer.input_layernorm.weight,
+                ln1_eps=layer.input_layernorm.variance_epsilon,
+                qkv=self._interleave_qk(
+                    _stacked(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)
+                ),
                 o=_wb(layer.self_attn.o_proj),
-                ln2=layer.post_attention_layernorm.weight, ln2_eps=layer.post_attention_layernorm.variance_epsilon,
-                gate=_wb(layer.mlp.gate_proj), up=_wb(layer.mlp.up_proj), down=_wb(layer.mlp.down_proj),
+                ln2=layer.post_attention_layernorm.weight,
+                ln2_eps=layer.post_attention_layernorm.variance_epsilon,
+                gate=_wb(layer.mlp.gate_proj),
+                up=_wb(layer.mlp.up_proj),
+                down=_wb(layer.mlp.down_proj),
             )
             for layer in base.layers
         ]
@@ -112,7 +122,9 @@ class FastLlama:
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
         return weight * xf.to(x.dtype)
 
-    def _interleave_qk(self, qkv: tuple[torch.Tensor, torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _interleave_qk(
+        self, qkv: tuple[torch.Tensor, torch.Tensor | None]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Reorder each query and key head's rows from Hugging Face's half-split rotary
         layout (x_0 .. x_{D/2-1}, x_{D/2} .. x_{D-1}) to interleaved pairs
         (x_0, x_{D/2}, x_1, x_{D/2+1}, ...), so that rotary embedding is one complex
@@ -120,7 +132,9 @@ class FastLlama:
         same order, so they do not change; values are not reordered."""
         weight, bias = qkv
         hd = self.head_dim
-        pairs = torch.stack([torch.arange(hd // 2), torch.arange(hd // 2) + hd // 2], dim=-1).flatten()
+        pairs = torch.stack(
+            [torch.arange(hd // 2), torch.arange(hd // 2) + hd // 2], dim=-1
+        ).flatten()
         rows = (torch.arange(self.n_heads + self.n_kv).unsqueeze(1) * hd + pairs).flatten()
         rows = torch.cat([rows, torch.arange(rows.numel(), weight.shape[0])])
         return weight[rows], (bias[rows] if bias is not None else None)
@@ -138,10 +152,18 @@ class FastLlama:
     def _rope(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
         # Pair (x_2j, x_2j+1) as one complex number: (a + ib)(cos + i sin) gives
         # a·cos − b·sin and b·cos + a·sin, Hugging Face's rotate-half formula exactly.
-        return torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (-1, 2))) * rotation).flatten(-2)
+        return torch.view_as_real(
+            torch.view_as_complex(x.unflatten(-1, (-1, 2))) * rotation
+        ).flatten(-2)
 
-    def forward(self, ids: torch.Tensor, rotary: torch.Tensor, attn_mask: torch.Tensor | None,
-                cache: list[tuple[torch.Tensor, torch.Tensor]], start: int) -> torch.Tensor:
+    def forward(
+        self,
+        ids: torch.Tensor,
+        rotary: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        cache: list[tuple[torch.Tensor, torch.Tensor]],
+        start: int,
+    ) -> torch.Tensor:
         """Run `ids` [B, T] at cache slots start..start+T; return final-norm states [B, T, H]."""
         x = F.embedding(ids, self.embed)
         b, t, _ = x.shape
@@ -155,7 +177,12 @@ class FastLlama:
             k_cache[:, :, start:end] = qk[:, nq:]
             v_cache[:, :, start:end] = qkv[:, nq + nkv :]
             out = F.scaled_dot_product_attention(
-                qk[:, :nq], k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=attn_mask, scale=self.scale, enable_gqa=gqa,
+                qk[:, :nq],
+                k_cache[:, :, :end],
+                v_cache[:, :, :end],
+                attn_mask=attn_mask,
+                scale=self.scale,
+                enable_gqa=gqa,
             )
             x = x + F.linear(out.transpose(1, 2).reshape(b, t, -1), *w.o)
             h = self._rms(w.ln2, w.ln2_eps, x)
@@ -173,7 +200,8 @@ def supports_fast_path(model: torch.nn.Module) -> bool:
         and getattr(cfg, "hidden_act", "silu") == "silu"
         # Rotary embedding is a complex multiplication: single or double precision only.
         and model.dtype in (torch.float32, torch.float64)
-        and hasattr(model, "model") and hasattr(model.model, "rotary_emb")
+        and hasattr(model, "model")
+        and hasattr(model.model, "rotary_emb")
     )
 
 
@@ -191,14 +219,17 @@ class PromptPrefill:
     """Each distinct prompt prefilled once (GRPO samples a prompt G times)."""
 
     owner: torch.Tensor  # [n] row of each input prompt among the distinct ones
-    cache: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, keys and values [d, n_kv, width, head_dim]
+    cache: list[
+        tuple[torch.Tensor, torch.Tensor]
+    ]  # per layer, keys and values [d, n_kv, width, head_dim]
     last: torch.Tensor  # [d, hidden] final-norm state at each distinct prompt's last token
     mask: torch.Tensor  # [d, width] real tokens (prompts are left-padded to the same width)
     positions: torch.Tensor  # [d, width] position ids
 
 
-def prefill_prompts(decoder: FastLlama, prompts: list[list[int]], pad_id: int,
-                    token_budget: int | None = None) -> PromptPrefill:
+def prefill_prompts(
+    decoder: FastLlama, prompts: list[list[int]], pad_id: int, token_budget: int | None = None
+) -> PromptPrefill:
     """Prefill every distinct prompt once, in blocks of at most ``token_budget`` padded
     tokens (one block when None)."""
     distinct: dict[tuple[int, ...], int] = {}
@@ -209,23 +240,39 @@ def prefill_prompts(decoder: FastLlama, prompts: list[list[int]], pad_id: int,
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
     causal = torch.ones(width, width, dtype=torch.bool).tril()
     # A pad query row would attend to nothing (NaN); let it see itself. Its output is never used.
-    attend = (causal.unsqueeze(0) & mask.unsqueeze(1)) | torch.eye(width, dtype=torch.bool).unsqueeze(0)
+    attend = (causal.unsqueeze(0) & mask.unsqueeze(1)) | torch.eye(
+        width, dtype=torch.bool
+    ).unsqueeze(0)
     shape = (n_distinct, decoder.n_kv, width, decoder.head_dim)
-    cache = [(torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype)) for _ in decoder.layers]
+    cache = [
+        (torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype)) for _ in decoder.layers
+    ]
     last = torch.empty(n_distinct, decoder.embed.shape[1], dtype=dtype)
     step = n_distinct if token_budget is None else max(1, token_budget // width)
     for lo in range(0, n_distinct, step):
         hi = min(lo + step, n_distinct)
         block_cache = [(k[lo:hi], v[lo:hi]) for k, v in cache]  # views: forward fills them
-        states = decoder.forward(ids[lo:hi], decoder.rotary(positions[lo:hi], dtype), attend[lo:hi].unsqueeze(1),
-                                 block_cache, 0)
+        states = decoder.forward(
+            ids[lo:hi],
+            decoder.rotary(positions[lo:hi], dtype),
+            attend[lo:hi].unsqueeze(1),
+            block_cache,
+            0,
+        )
         last[lo:hi] = states[:, -1]
     return PromptPrefill(owner, cache, last, mask, positions)
 
 
 @torch.inference_mode()
-def continuation_states(decoder: FastLlama, prompts: list[list[int]], continuations: list[list[int]], *,
-                        pad_id: int = 0, token_budget: int = 8192, max_rows: int = 8) -> list[torch.Tensor]:
+def continuation_states(
+    decoder: FastLlama,
+    prompts: list[list[int]],
+    continuations: list[list[int]],
+    *,
+    pad_id: int = 0,
+    token_budget: int = 8192,
+    max_rows: int = 8,
+) -> list[torch.Tensor]:
     """Teacher-forced final-norm states, one fp32 ``[len(continuation), hidden]`` per sample.
 
     Row t of sample i is the state whose logits predict ``continuations[i][t]`` after
@@ -270,13 +317,17 @@ def continuation_states(decoder: FastLlama, prompts: list[list[int]], continuati
         keys[:, :, :width] = prompt_mask[owners].unsqueeze(1)
         keys[:, :, width:] = torch.ones(feed, feed, dtype=torch.bool).tril()
         pos = next_pos[owners].unsqueeze(1) + torch.arange(feed)
-        states = decoder.forward(tokens, decoder.rotary(pos, dtype), keys.unsqueeze(1), cache, width)
+        states = decoder.forward(
+            tokens, decoder.rotary(pos, dtype), keys.unsqueeze(1), cache, width
+        )
         for row, i in enumerate(batch):
             results[i] = torch.cat([last[owners[row]].unsqueeze(0), states[row, : fed[i]]]).float()
     return results  # type: ignore[return-value]
 
 
-def length_batches(lengths: list[int], token_budget: int, max_rows: int | None = None) -> list[list[int]]:
+def length_batches(
+    lengths: list[int], token_budget: int, max_rows: int | None = None
+) -> list[list[int]]:
     """Indices grouped longest first into batches of at most ``max_rows`` rows whose
     padded size (rows x longest) stays within ``token_budget`` (a longer lone row still
     gets a batch of its own)."""
@@ -284,8 +335,11 @@ def length_batches(lengths: list[int], token_budget: int, max_rows: int | None =
     batches: list[list[int]] = []
     for i in order:
         current = batches[-1] if batches else None
-        if (current is not None and (max_rows is None or len(current) < max_rows)
-                and lengths[current[0]] * (len(current) + 1) <= token_budget):
+        if (
+            current is not None
+            and (max_rows is None or len(current) < max_rows)
+            and lengths[current[0]] * (len(current) + 1) <= token_budget
+        ):
             current.append(i)
         else:
             batches.append([i])

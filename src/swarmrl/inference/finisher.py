@@ -42,8 +42,9 @@ def _child_setup() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _finish_in_child(path: Path, columns: dict[str, list], meta: RolloutMeta, bits: np.ndarray,
-                     lengths: list[int]) -> tuple[Path, list[bytes], float]:
+def _finish_in_child(
+    path: Path, columns: dict[str, list], meta: RolloutMeta, bits: np.ndarray, lengths: list[int]
+) -> tuple[Path, list[bytes], float]:
     """Build the proofs of each sequence (rows of ``bits``: int16 views of bf16, split by
     ``lengths``), put them in the file's columns and write it. Returns (path, proofs,
     seconds spent on the proofs)."""
@@ -67,13 +68,21 @@ class FinishProcess:
 
     @staticmethod
     def _spawn() -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_child_setup)
+        return ProcessPoolExecutor(
+            1, mp_context=multiprocessing.get_context("spawn"), initializer=_child_setup
+        )
 
     def finish(self, path: Path, batch: RolloutBatch, meta: RolloutMeta) -> Path:
         """``attach_proofs`` then ``write_rollouts``, in the child: same proof bytes, same file."""
         states = [g.hidden for g in batch.generations]
-        job = (_finish_in_child, path, {k: v for k, v in batch.columns.items() if k != "proofs"}, meta,
-               torch.cat(states).view(torch.int16).numpy(), [len(s) for s in states])
+        job = (
+            _finish_in_child,
+            path,
+            {k: v for k, v in batch.columns.items() if k != "proofs"},
+            meta,
+            torch.cat(states).view(torch.int16).numpy(),
+            [len(s) for s in states],
+        )
         try:
             written, proofs, seconds = self._pool.submit(*job).result()
         except BrokenProcessPool:
@@ -114,8 +123,11 @@ class FileFinisher:
     the next ``submit``, ``in_flight`` or ``close``.
     """
 
-    def __init__(self, on_written: Callable[[Path, RolloutBatch, RolloutMeta, float], None] | None = None,
-                 processes: bool = True) -> None:
+    def __init__(
+        self,
+        on_written: Callable[[Path, RolloutBatch, RolloutMeta, float], None] | None = None,
+        processes: bool = True,
+    ) -> None:
         self._child = FinishProcess() if processes else None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swarmrl-finisher")
         self._on_written = on_written

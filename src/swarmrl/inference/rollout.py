@@ -33,9 +33,17 @@ def completion_text(tokenizer, tokens: list[int], eos_id: int) -> str:
     return tokenizer.decode(body, skip_special_tokens=True)
 
 
-def generate_rollouts(model, tokenizer, task: Task, assignment: Assignment, params: SamplingParams,
-                      policy_step: int, length_penalty: float, capture_hidden: bool = True,
-                      proofs: bool = True) -> RolloutBatch:
+def generate_rollouts(
+    model,
+    tokenizer,
+    task: Task,
+    assignment: Assignment,
+    params: SamplingParams,
+    policy_step: int,
+    length_penalty: float,
+    capture_hidden: bool = True,
+    proofs: bool = True,
+) -> RolloutBatch:
     """Generate G samples for every assigned prompt and score them.
 
     With ``proofs=False`` the ``proofs`` column is left empty and the hidden states stay
@@ -51,12 +59,28 @@ def generate_rollouts(model, tokenizer, task: Task, assignment: Assignment, para
             seeds.append(s)
             owners.append(p_idx)
     start = time.perf_counter()
-    gens = sample(model, prompts, seeds, params, pad_id=tokenizer.pad_token_id, capture_hidden=capture_hidden)
+    gens = sample(
+        model, prompts, seeds, params, pad_id=tokenizer.pad_token_id, capture_hidden=capture_hidden
+    )
     gen_seconds = time.perf_counter() - start
 
-    cols: dict[str, list] = {k: [] for k in (
-        "problem_id", "input_tokens", "output_tokens", "output_logprobs", "rewards", "task_rewards",
-        "length_penalties", "advantages", "target_lengths", "policy_step", "seed", "proofs")}
+    cols: dict[str, list] = {
+        k: []
+        for k in (
+            "problem_id",
+            "input_tokens",
+            "output_tokens",
+            "output_logprobs",
+            "rewards",
+            "task_rewards",
+            "length_penalties",
+            "advantages",
+            "target_lengths",
+            "policy_step",
+            "seed",
+            "proofs",
+        )
+    }
     rewards = []
     for gen, p_idx, prompt, seed in zip(gens, owners, prompts, seeds):
         problem, target = problems[p_idx], assignment.target_lengths[p_idx]
@@ -77,12 +101,17 @@ def generate_rollouts(model, tokenizer, task: Task, assignment: Assignment, para
     group = len(assignment.sample_seeds[0])
     num_nonzero = 0
     for start_row in range(0, len(rewards), group):
-        chunk = rewards[start_row:start_row + group]
+        chunk = rewards[start_row : start_row + group]
         cols["advantages"].extend(group_advantages(chunk).tolist())
         num_nonzero += group if has_signal(chunk) else 0
-    batch = RolloutBatch(columns=cols, generations=gens, num_nonzero=num_nonzero,
-                         gen_seconds=gen_seconds, gen_tokens=sum(len(g.tokens) for g in gens),
-                         proof_seconds=0.0)
+    batch = RolloutBatch(
+        columns=cols,
+        generations=gens,
+        num_nonzero=num_nonzero,
+        gen_seconds=gen_seconds,
+        gen_tokens=sum(len(g.tokens) for g in gens),
+        proof_seconds=0.0,
+    )
     if proofs and capture_hidden:
         attach_proofs(batch)
     return batch

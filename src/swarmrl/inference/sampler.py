@@ -69,7 +69,9 @@ def uniforms(seeds: np.ndarray, step: int | np.ndarray) -> np.ndarray:
     return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
-def draw(logits: torch.Tensor, u: np.ndarray, temperature: float, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+def draw(
+    logits: torch.Tensor, u: np.ndarray, temperature: float, top_p: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row by inverse CDF; return (tokens, logprobs under logits/T)."""
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
     probs = logp.exp().double()
@@ -88,8 +90,14 @@ def draw(logits: torch.Tensor, u: np.ndarray, temperature: float, top_p: float) 
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def _fast_sample(dec: FastLlama, prompts: list[list[int]], seeds: np.ndarray, params: SamplingParams,
-                 pad_id: int, capture_hidden: bool) -> list[Generation]:
+def _fast_sample(
+    dec: FastLlama,
+    prompts: list[list[int]],
+    seeds: np.ndarray,
+    params: SamplingParams,
+    pad_id: int,
+    capture_hidden: bool,
+) -> list[Generation]:
     """The fast path: each distinct prompt prefilled once, a cache grown in steps, finished rows dropped."""
     n = len(prompts)
     # GRPO samples a prompt G times: prefill each distinct prompt once, then copy its
@@ -108,7 +116,10 @@ def _fast_sample(dec: FastLlama, prompts: list[list[int]], seeds: np.ndarray, pa
     # full length: the attention kernel reads each row's filled slots, and keeping rows
     # close together in memory (small gaps) makes those cold reads measurably faster.
     capacity = min(total, width + GROW_SLOTS)
-    cache = [(_grown(k_pre[owner], width, capacity), _grown(v_pre[owner], width, capacity)) for k_pre, v_pre in pre.cache]
+    cache = [
+        (_grown(k_pre[owner], width, capacity), _grown(v_pre[owner], width, capacity))
+        for k_pre, v_pre in pre.cache
+    ]
     key_ok = torch.ones(n, total, dtype=torch.bool)
     key_ok[:, :width] = prompt_mask[owner]
     no_padding = bool(prompt_mask.all())
@@ -119,11 +130,15 @@ def _fast_sample(dec: FastLlama, prompts: list[list[int]], seeds: np.ndarray, pa
     # moved to their sample's slot when a row leaves the batch or at the end.
     out_tokens = torch.zeros(n, limit, dtype=torch.long)
     out_logp = torch.zeros(n, limit, dtype=torch.float32)
-    out_hidden = torch.zeros(n, limit, hidden.shape[-1], dtype=torch.bfloat16) if capture_hidden else None
+    out_hidden = (
+        torch.zeros(n, limit, hidden.shape[-1], dtype=torch.bfloat16) if capture_hidden else None
+    )
     row_tokens, row_logp = out_tokens.clone(), out_logp.clone()
     row_hidden = out_hidden.clone() if capture_hidden else None
     active = torch.arange(n)  # batch row -> sample index
-    finished = torch.zeros(n, dtype=torch.bool)  # rows that drew EOS; they ride along until compaction
+    finished = torch.zeros(
+        n, dtype=torch.bool
+    )  # rows that drew EOS; they ride along until compaction
     # Every uniform the loop may need, in one vectorized call: [batch row, step].
     row_u = uniforms(seeds[:, None], np.arange(limit, dtype=np.uint64)[None, :])
 
@@ -165,7 +180,11 @@ def _fast_sample(dec: FastLlama, prompts: list[list[int]], seeds: np.ndarray, pa
         # One query per row sees every filled slot but the prompt's left padding; with
         # no padding at all there is nothing to mask. (A contiguous mask is much
         # faster in the CPU attention kernel than a strided view.)
-        step_mask = None if no_padding else key_ok[:, : slot + 1].contiguous().view(len(active), 1, 1, slot + 1)
+        step_mask = (
+            None
+            if no_padding
+            else key_ok[:, : slot + 1].contiguous().view(len(active), 1, 1, slot + 1)
+        )
         rotary = rotations[next_pos].view(len(active), 1, 1, -1)
         hidden = dec.forward(tok.unsqueeze(-1), rotary, step_mask, cache, slot)[:, -1]
         next_pos = next_pos + 1
@@ -188,12 +207,14 @@ def _collect(tokens, logp, hidden, lengths, eos) -> list[Generation]:
     out = []
     for i in range(tokens.shape[0]):
         n = int(lengths[i])
-        out.append(Generation(
-            tokens=tokens[i, :n].tolist(),
-            logprobs=logp[i, :n].numpy().copy(),
-            hidden=hidden[i, :n].clone() if hidden is not None else None,
-            stopped_on_eos=bool(eos[i]),
-        ))
+        out.append(
+            Generation(
+                tokens=tokens[i, :n].tolist(),
+                logprobs=logp[i, :n].numpy().copy(),
+                hidden=hidden[i, :n].clone() if hidden is not None else None,
+                stopped_on_eos=bool(eos[i]),
+            )
+        )
     return out
 
 
@@ -202,21 +223,38 @@ def _generic_sample(model, prompts, seeds, params, pad_id, capture_hidden) -> li
     from transformers import DynamicCache
 
     base = model.base_model
-    cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    cache_kw = (
+        "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    )
     n = len(prompts)
     ids, attn = left_pad(prompts, pad_id)
     positions = (attn.long().cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
-    out = base(input_ids=ids, attention_mask=attn.long(), position_ids=positions, use_cache=True, **{cache_kw: cache})
+    out = base(
+        input_ids=ids,
+        attention_mask=attn.long(),
+        position_ids=positions,
+        use_cache=True,
+        **{cache_kw: cache},
+    )
     hidden = out.last_hidden_state[:, -1]
     next_pos = positions[:, -1:] + 1
     out_tokens = torch.zeros(n, params.max_new_tokens, dtype=torch.long)
     out_logp = torch.zeros(n, params.max_new_tokens, dtype=torch.float32)
-    out_hidden = torch.zeros(n, params.max_new_tokens, hidden.shape[-1], dtype=torch.bfloat16) if capture_hidden else None
+    out_hidden = (
+        torch.zeros(n, params.max_new_tokens, hidden.shape[-1], dtype=torch.bfloat16)
+        if capture_hidden
+        else None
+    )
     lengths = torch.zeros(n, dtype=torch.long)
     eos = torch.zeros(n, dtype=torch.bool)
     for step in range(params.max_new_tokens):
-        tok, logp = draw(model.get_output_embeddings()(hidden), uniforms(seeds, step), params.temperature, params.top_p)
+        tok, logp = draw(
+            model.get_output_embeddings()(hidden),
+            uniforms(seeds, step),
+            params.temperature,
+            params.top_p,
+        )
         live = ~eos
         out_tokens[live, step] = tok[live]
         out_logp[live, step] = logp[live]
@@ -227,16 +265,28 @@ def _generic_sample(model, prompts, seeds, params, pad_id, capture_hidden) -> li
         if bool(eos.all()) or step + 1 == params.max_new_tokens:
             break
         attn = torch.cat([attn, torch.ones(n, 1, dtype=torch.bool)], dim=1)
-        out = base(input_ids=tok.unsqueeze(-1), attention_mask=attn.long(), position_ids=next_pos, use_cache=True, **{cache_kw: cache})
+        out = base(
+            input_ids=tok.unsqueeze(-1),
+            attention_mask=attn.long(),
+            position_ids=next_pos,
+            use_cache=True,
+            **{cache_kw: cache},
+        )
         hidden = out.last_hidden_state[:, -1]
         next_pos = next_pos + 1
     return _collect(out_tokens, out_logp, out_hidden, lengths, eos)
 
 
 @torch.inference_mode()
-def sample(model: torch.nn.Module, prompts: list[list[int]], seeds: list[int] | np.ndarray,
-           params: SamplingParams, pad_id: int, capture_hidden: bool = True,
-           fast: bool | None = None) -> list[Generation]:
+def sample(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    seeds: list[int] | np.ndarray,
+    params: SamplingParams,
+    pad_id: int,
+    capture_hidden: bool = True,
+    fast: bool | None = None,
+) -> list[Generation]:
     """Sample one completion per prompt (repeat a prompt for a group). See module docstring."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")

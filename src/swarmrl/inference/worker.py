@@ -84,8 +84,14 @@ def next_counter(folder: Path, address: str) -> int:
     return len(list(folder.glob(f"{address}-*.parquet"))) if folder.is_dir() else 0
 
 
-def choose_step(trainer_step: int, policy_step: int, async_level: int, total_steps: int,
-                usable: Callable[[int], int], needed: int) -> int | None:
+def choose_step(
+    trainer_step: int,
+    policy_step: int,
+    async_level: int,
+    total_steps: int,
+    usable: Callable[[int], int],
+    needed: int,
+) -> int | None:
     """Lowest step in [trainer_step, policy_step + async_level] still short of samples."""
     for step in range(trainer_step, min(policy_step + async_level, total_steps - 1) + 1):
         if usable(step) < needed:
@@ -141,13 +147,23 @@ def run_worker(cfg: RunConfig, address: str) -> int:
     def log_file(path: Path, batch: RolloutBatch, meta: RolloutMeta, waited: float) -> None:
         """One stats line per written file (runs in the finisher's thread)."""
         with open(stats_path, "a") as fh:
-            fh.write(json.dumps({"time": time.time(), "file": str(path), "step": meta.step,
-                                 "policy_step": batch.columns["policy_step"][0],
-                                 "bytes_by_server": dict(source.bytes_by_server),
-                                 "gen_seconds": round(batch.gen_seconds, 4), "gen_tokens": batch.gen_tokens,
-                                 "proof_seconds": round(batch.proof_seconds, 4),
-                                 "proof_wait_seconds": round(waited, 4),
-                                 "nonzero": batch.num_nonzero}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "time": time.time(),
+                        "file": str(path),
+                        "step": meta.step,
+                        "policy_step": batch.columns["policy_step"][0],
+                        "bytes_by_server": dict(source.bytes_by_server),
+                        "gen_seconds": round(batch.gen_seconds, 4),
+                        "gen_tokens": batch.gen_tokens,
+                        "proof_seconds": round(batch.proof_seconds, 4),
+                        "proof_wait_seconds": round(waited, 4),
+                        "nonzero": batch.num_nonzero,
+                    }
+                )
+                + "\n"
+            )
 
     finisher = FileFinisher(log_file)
     try:
@@ -157,7 +173,11 @@ def run_worker(cfg: RunConfig, address: str) -> int:
             latest = latest_checkpoint(ckpt_root)
             try:
                 available = source.newest()
-            except (OSError, RuntimeError, ValueError) as exc:  # a relay not up yet or unreachable: keep polling
+            except (
+                OSError,
+                RuntimeError,
+                ValueError,
+            ) as exc:  # a relay not up yet or unreachable: keep polling
                 log.warning("cannot list policies (%s); retrying", exc)
                 available = None
             if available is not None and available > policy_step:
@@ -165,7 +185,11 @@ def run_worker(cfg: RunConfig, address: str) -> int:
                     model, tok = source.load(available)
                     policy_step = available
                     log.info("loaded policy step %d", available)
-                except (OSError, RuntimeError, ValueError) as exc:  # pruned, replaced or unreachable: try again
+                except (
+                    OSError,
+                    RuntimeError,
+                    ValueError,
+                ) as exc:  # pruned, replaced or unreachable: try again
                     log.warning("could not load policy %d (%s); retrying", available, exc)
                     time.sleep(cfg.worker.poll_seconds)
                     continue
@@ -179,8 +203,14 @@ def run_worker(cfg: RunConfig, address: str) -> int:
             # Counting the file in flight made workers run ahead to n + async_level on
             # every step (staleness 2 throughout), and the default run then learned far
             # less (held-out accuracy 0.74 instead of 0.98).
-            step = choose_step(latest, policy_step, cfg.async_level, cfg.trainer.steps, counter.count,
-                               cfg.trainer.batch_samples)
+            step = choose_step(
+                latest,
+                policy_step,
+                cfg.async_level,
+                cfg.trainer.steps,
+                counter.count,
+                cfg.trainer.batch_samples,
+            )
             if step is None:
                 time.sleep(cfg.worker.poll_seconds)
                 continue
@@ -188,15 +218,40 @@ def run_worker(cfg: RunConfig, address: str) -> int:
             submission = next_counter(folder, address)
             if pending is not None and pending.step == step:
                 submission = max(submission, pending.submission + 1)
-            assignment = assign(cfg.seed, address, step, submission, num_problems=task.num_train(),
-                                prompts=cfg.worker.prompts_per_file, group_size=cfg.sampling.group_size,
-                                target_lengths=cfg.task.target_lengths)
-            params = SamplingParams(temperature=cfg.sampling.temperature, max_new_tokens=cfg.sampling.max_new_tokens,
-                                    eos_token_id=tok.eos_token_id, top_p=cfg.sampling.top_p)
-            batch = generate_rollouts(model, tok, task, assignment, params, policy_step, cfg.task.length_penalty,
-                                      proofs=False)
-            meta = RolloutMeta(run_id=cfg.run_name, worker_address=address, step=step, submission=submission,
-                               num_samples=len(batch.columns["problem_id"]), num_nonzero=batch.num_nonzero)
+            assignment = assign(
+                cfg.seed,
+                address,
+                step,
+                submission,
+                num_problems=task.num_train(),
+                prompts=cfg.worker.prompts_per_file,
+                group_size=cfg.sampling.group_size,
+                target_lengths=cfg.task.target_lengths,
+            )
+            params = SamplingParams(
+                temperature=cfg.sampling.temperature,
+                max_new_tokens=cfg.sampling.max_new_tokens,
+                eos_token_id=tok.eos_token_id,
+                top_p=cfg.sampling.top_p,
+            )
+            batch = generate_rollouts(
+                model,
+                tok,
+                task,
+                assignment,
+                params,
+                policy_step,
+                cfg.task.length_penalty,
+                proofs=False,
+            )
+            meta = RolloutMeta(
+                run_id=cfg.run_name,
+                worker_address=address,
+                step=step,
+                submission=submission,
+                num_samples=len(batch.columns["problem_id"]),
+                num_nonzero=batch.num_nonzero,
+            )
             finisher.submit(folder / f"{address}-{submission:05d}.parquet", batch, meta)
     finally:
         finisher.close()

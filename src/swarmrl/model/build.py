@@ -106,7 +106,9 @@ def warm_start(recipe: WarmStartRecipe, progress: Callable[[int, int, float], No
         # Right padding: pad positions sit after each sequence, so causal attention
         # never lets a real token see them; no attention mask is needed.
         logits = model(input_ids=ids).logits[:, :-1]
-        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none")
+        nll = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
+        )
         weights = loss_mask[:, 1:].reshape(-1)
         loss = (nll * weights).sum() / weights.sum()
         opt.zero_grad(set_to_none=True)
@@ -119,8 +121,11 @@ def warm_start(recipe: WarmStartRecipe, progress: Callable[[int, int, float], No
     return model, tok
 
 
-def build_default_model(dest: Path, recipe: WarmStartRecipe = WarmStartRecipe(),
-                        progress: Callable[[int, int, float], None] | None = None) -> Path:
+def build_default_model(
+    dest: Path,
+    recipe: WarmStartRecipe = WarmStartRecipe(),
+    progress: Callable[[int, int, float], None] | None = None,
+) -> Path:
     """Warm-start the embedded model and save it at `dest` atomically."""
     dest = Path(dest)
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
@@ -129,14 +134,25 @@ def build_default_model(dest: Path, recipe: WarmStartRecipe = WarmStartRecipe(),
     model, tok = warm_start(recipe, progress)
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    (tmp / "swarmrl_recipe.json").write_text(json.dumps(
-        {"name": MODEL_NAME, "recipe": asdict(recipe), "seconds": round(time.time() - start, 1)}, indent=2))
+    (tmp / "swarmrl_recipe.json").write_text(
+        json.dumps(
+            {
+                "name": MODEL_NAME,
+                "recipe": asdict(recipe),
+                "seconds": round(time.time() - start, 1),
+            },
+            indent=2,
+        )
+    )
     os.replace(tmp, dest)
     return dest
 
 
-def ensure_default_model(cache_dir: Path | None = None, recipe: WarmStartRecipe = WarmStartRecipe(),
-                         progress: Callable[[int, int, float], None] | None = None) -> Path:
+def ensure_default_model(
+    cache_dir: Path | None = None,
+    recipe: WarmStartRecipe = WarmStartRecipe(),
+    progress: Callable[[int, int, float], None] | None = None,
+) -> Path:
     """The cached embedded model directory, built on first use (one builder at a time)."""
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     digest = hashlib.sha256(json.dumps(asdict(recipe), sort_keys=True).encode()).hexdigest()[:10]

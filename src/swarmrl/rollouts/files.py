@@ -92,7 +92,9 @@ def _meta_from_schema(path: Path, schema: pa.Schema) -> RolloutMeta:
     except (json.JSONDecodeError, TypeError) as exc:
         raise RolloutFileError(path, f"malformed swarmrl metadata: {exc}") from None
     if meta.schema_version != SCHEMA_VERSION:
-        raise RolloutFileError(path, f"schema version {meta.schema_version}, expected {SCHEMA_VERSION}")
+        raise RolloutFileError(
+            path, f"schema version {meta.schema_version}, expected {SCHEMA_VERSION}"
+        )
     return meta
 
 
@@ -118,9 +120,15 @@ def read_rollouts(path: Path) -> tuple[pa.Table, RolloutMeta]:
     for field in SCHEMA:
         actual = table.schema.field(field.name).type
         # Compare list types by element type: writers name the element field differently.
-        same = (actual.value_type == field.type.value_type) if pa.types.is_list(field.type) and pa.types.is_list(actual) else actual == field.type
+        same = (
+            (actual.value_type == field.type.value_type)
+            if pa.types.is_list(field.type) and pa.types.is_list(actual)
+            else actual == field.type
+        )
         if not same:
-            raise RolloutFileError(path, f"column {field.name!r} has type {actual}, expected {field.type}")
+            raise RolloutFileError(
+                path, f"column {field.name!r} has type {actual}, expected {field.type}"
+            )
     if table.num_rows != meta.num_samples:
         raise RolloutFileError(path, f"{table.num_rows} rows but metadata says {meta.num_samples}")
     for name in SCHEMA.names:
@@ -130,6 +138,10 @@ def read_rollouts(path: Path) -> tuple[pa.Table, RolloutMeta]:
     lp_len = table.column("output_logprobs").combine_chunks().value_lengths()
     if out_len != lp_len:
         raise RolloutFileError(path, "output_logprobs and output_tokens differ in length")
-    if min(out_len.to_pylist() or [1]) == 0 or min(table.column("input_tokens").combine_chunks().value_lengths().to_pylist() or [1]) == 0:
+    if (
+        min(out_len.to_pylist() or [1]) == 0
+        or min(table.column("input_tokens").combine_chunks().value_lengths().to_pylist() or [1])
+        == 0
+    ):
         raise RolloutFileError(path, "a sample has an empty prompt or completion")
     return table.select(SCHEMA.names), meta

@@ -40,10 +40,17 @@ def run_origin(args: argparse.Namespace) -> int:
 
 def run_relay(args: argparse.Namespace) -> int:
     relay = Relay(
-        _urls(args.upstream), args.root, poll_s=args.poll_s, grace_s=args.grace_s, timeout=args.timeout
+        _urls(args.upstream),
+        args.root,
+        poll_s=args.poll_s,
+        grace_s=args.grace_s,
+        timeout=args.timeout,
     )
     server = start_server(args.root, args.host, args.port)
-    print(f"relay serving {args.root} at {server.url}, mirroring {', '.join(relay.upstreams)}", flush=True)
+    print(
+        f"relay serving {args.root} at {server.url}, mirroring {', '.join(relay.upstreams)}",
+        flush=True,
+    )
     thread = threading.Thread(target=relay.run, daemon=True)
     thread.start()
     try:
@@ -58,51 +65,99 @@ def run_relay(args: argparse.Namespace) -> int:
 def run_fetch(args: argparse.Namespace) -> int:
     try:
         result = fetch(
-            _urls(args.servers), args.version, args.dest, concurrency=args.concurrency, timeout=args.timeout,
-            min_rate=args.min_rate_kib * 1024 if args.min_rate_kib > 0 else None, wait_s=args.wait_s, progress=not args.quiet, unpack_archive=not args.archive_only,
+            _urls(args.servers),
+            args.version,
+            args.dest,
+            concurrency=args.concurrency,
+            timeout=args.timeout,
+            min_rate=args.min_rate_kib * 1024 if args.min_rate_kib > 0 else None,
+            wait_s=args.wait_s,
+            progress=not args.quiet,
+            unpack_archive=not args.archive_only,
         )
     except FetchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    summary = {"path": str(result.path), "version": result.version, "seconds": round(result.seconds, 3),
-               "bytes_by_server": result.bytes_by_server, "failures": len(result.failures)}
+    summary = {
+        "path": str(result.path),
+        "version": result.version,
+        "seconds": round(result.seconds, 3),
+        "bytes_by_server": result.bytes_by_server,
+        "failures": len(result.failures),
+    }
     print(json.dumps(summary), flush=True)
     return 0
 
 
 def register(subparsers) -> None:
-    origin = subparsers.add_parser("origin", help="serve a SHARDCAST root directory (what Origin.publish writes)")
-    origin.add_argument("--root", type=Path, required=True, help="directory holding distribution.txt and v<N>/")
-    origin.add_argument("--host", default=DEFAULT_HOST, help="address to bind (default loopback only)")
+    origin = subparsers.add_parser(
+        "origin", help="serve a SHARDCAST root directory (what Origin.publish writes)"
+    )
+    origin.add_argument(
+        "--root", type=Path, required=True, help="directory holding distribution.txt and v<N>/"
+    )
+    origin.add_argument(
+        "--host", default=DEFAULT_HOST, help="address to bind (default loopback only)"
+    )
     origin.add_argument("--port", type=int, default=8000, help="TCP port (0 picks a free one)")
     origin.set_defaults(func=run_origin)
 
-    relay = subparsers.add_parser("relay", help="mirror versions from upstream servers and serve them")
-    relay.add_argument("--upstream", required=True, help="comma-separated upstream URLs (origin or relays)")
-    relay.add_argument("--root", type=Path, required=True, help="directory the relay mirrors into and serves")
-    relay.add_argument("--host", default=DEFAULT_HOST, help="address to bind (default loopback only)")
+    relay = subparsers.add_parser(
+        "relay", help="mirror versions from upstream servers and serve them"
+    )
+    relay.add_argument(
+        "--upstream", required=True, help="comma-separated upstream URLs (origin or relays)"
+    )
+    relay.add_argument(
+        "--root", type=Path, required=True, help="directory the relay mirrors into and serves"
+    )
+    relay.add_argument(
+        "--host", default=DEFAULT_HOST, help="address to bind (default loopback only)"
+    )
     relay.add_argument("--port", type=int, default=8001, help="TCP port (0 picks a free one)")
     relay.add_argument("--poll-s", type=float, default=2.0, help="seconds between upstream checks")
-    relay.add_argument("--grace-s", type=float, default=300.0, help="seconds a delisted version stays on disk")
-    relay.add_argument("--timeout", type=float, default=10.0, help="seconds without data before a request fails")
+    relay.add_argument(
+        "--grace-s", type=float, default=300.0, help="seconds a delisted version stays on disk"
+    )
+    relay.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds without data before a request fails"
+    )
     relay.set_defaults(func=run_relay)
 
-    fetch_cmd = subparsers.add_parser("fetch", help="download, verify and unpack a checkpoint version")
+    fetch_cmd = subparsers.add_parser(
+        "fetch", help="download, verify and unpack a checkpoint version"
+    )
     fetch_cmd.add_argument("--servers", required=True, help="comma-separated server URLs")
-    fetch_cmd.add_argument("--version", type=int, default=None, help="version (training step); default newest")
+    fetch_cmd.add_argument(
+        "--version", type=int, default=None, help="version (training step); default newest"
+    )
     fetch_cmd.add_argument("--dest", type=Path, required=True, help="directory that receives v<N>/")
     fetch_cmd.add_argument("--concurrency", type=int, default=8, help="shards downloaded at once")
-    fetch_cmd.add_argument("--timeout", type=float, default=10.0, help="seconds without data before a request fails")
-    fetch_cmd.add_argument("--min-rate-kib", type=float, default=MIN_RATE / 1024,
-                           help="KiB/s below which a shard download is abandoned and retried elsewhere (0: no floor)")
-    fetch_cmd.add_argument("--wait-s", type=float, default=0.0, help="seconds to wait for the version to be listed")
+    fetch_cmd.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds without data before a request fails"
+    )
+    fetch_cmd.add_argument(
+        "--min-rate-kib",
+        type=float,
+        default=MIN_RATE / 1024,
+        help="KiB/s below which a shard download is abandoned and retried elsewhere (0: no floor)",
+    )
+    fetch_cmd.add_argument(
+        "--wait-s", type=float, default=0.0, help="seconds to wait for the version to be listed"
+    )
     fetch_cmd.add_argument("--quiet", action="store_true", help="no progress bar")
-    fetch_cmd.add_argument("--archive-only", action="store_true", help="keep the verified tar as v<N>.tar, do not unpack")
+    fetch_cmd.add_argument(
+        "--archive-only",
+        action="store_true",
+        help="keep the verified tar as v<N>.tar, do not unpack",
+    )
     fetch_cmd.set_defaults(func=run_fetch)
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     parser = argparse.ArgumentParser(prog="swarmrl", description=__doc__.splitlines()[0])
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)

@@ -55,7 +55,13 @@ from swarmrl.shardcast.layout import (
     shard_name,
     version_dir_name,
 )
-from swarmrl.shardcast.transfer import BUFFER_SIZE, HttpStatusError, TransferError, get_bytes, get_stream
+from swarmrl.shardcast.transfer import (
+    BUFFER_SIZE,
+    HttpStatusError,
+    TransferError,
+    get_bytes,
+    get_stream,
+)
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +102,13 @@ class ServerScore:
 class ServerChooser:
     """Draws a server with probability ∝ success_rate × bandwidth; thread-safe."""
 
-    def __init__(self, servers: list[str], alpha: float = ALPHA, heal: float = HEAL, rng: random.Random | None = None):
+    def __init__(
+        self,
+        servers: list[str],
+        alpha: float = ALPHA,
+        heal: float = HEAL,
+        rng: random.Random | None = None,
+    ):
         self.scores = {s: ServerScore() for s in servers}
         self.alpha = alpha
         self.heal = heal
@@ -153,7 +165,9 @@ def probe_servers(chooser: ServerChooser, timeout: float) -> None:
     def probe(server: str) -> tuple[str, float | None, bool]:
         start = time.perf_counter()
         try:
-            size = get_stream(f"{server}/{PROBE_FILE}", lambda _: None, timeout, buffer=bytearray(256 << 10))
+            size = get_stream(
+                f"{server}/{PROBE_FILE}", lambda _: None, timeout, buffer=bytearray(256 << 10)
+            )
         except HttpStatusError:
             return server, None, True  # alive, just no probe file (the reference origin has none)
         except TransferError as exc:
@@ -172,12 +186,16 @@ def probe_servers(chooser: ServerChooser, timeout: float) -> None:
 # ---------------------------------------------------------------------------- discovery
 
 
-def read_distributions(servers: list[str], timeout: float = 10.0) -> dict[str, dict[int, VersionEntry] | Exception]:
+def read_distributions(
+    servers: list[str], timeout: float = 10.0
+) -> dict[str, dict[int, VersionEntry] | Exception]:
     """Each server's distribution.txt, or the error that prevented reading it."""
 
     def read(server: str):
         try:
-            return server, parse_distribution(get_bytes(f"{server}/{DISTRIBUTION_FILE}", timeout).decode())
+            return server, parse_distribution(
+                get_bytes(f"{server}/{DISTRIBUTION_FILE}", timeout).decode()
+            )
         except (TransferError, LayoutError, UnicodeDecodeError) as exc:
             return server, exc
 
@@ -211,7 +229,9 @@ def _describe(listings: dict) -> str:
         if isinstance(listing, Exception):
             parts.append(f"{server}: unreachable ({listing})")
         else:
-            parts.append(f"{server}: lists {', '.join(f'v{v}' for v in sorted(listing)) or 'nothing'}")
+            parts.append(
+                f"{server}: lists {', '.join(f'v{v}' for v in sorted(listing)) or 'nothing'}"
+            )
     return "; ".join(parts)
 
 
@@ -224,7 +244,11 @@ def resolve_version(
     while True:
         listings = read_distributions(servers, timeout)
         listed = {s: l for s, l in listings.items() if isinstance(l, dict)}
-        wanted = version if version is not None else max((v for l in listed.values() for v in l), default=None)
+        wanted = (
+            version
+            if version is not None
+            else max((v for l in listed.values() for v in l), default=None)
+        )
         holders = {s: l[wanted] for s, l in listed.items() if wanted is not None and wanted in l}
         if holders or time.monotonic() >= deadline:
             break
@@ -237,11 +261,19 @@ def resolve_version(
     agreeing = tuple(s for s, e in holders.items() if e == entry)
     for server, other in holders.items():
         if other != entry:
-            log.warning("ignoring %s: it lists v%d with blake3 %s, the others %s", server, wanted, other.blake3, entry.blake3)
+            log.warning(
+                "ignoring %s: it lists v%d with blake3 %s, the others %s",
+                server,
+                wanted,
+                other.blake3,
+                entry.blake3,
+            )
     manifest = None
     for server in agreeing:
         try:
-            candidate = Manifest.from_json(get_bytes(f"{server}/{version_dir_name(wanted)}/{MANIFEST_FILE}", timeout))
+            candidate = Manifest.from_json(
+                get_bytes(f"{server}/{version_dir_name(wanted)}/{MANIFEST_FILE}", timeout)
+            )
         except HttpStatusError:
             continue
         except (TransferError, LayoutError) as exc:
@@ -262,7 +294,9 @@ class TransferStats:
     """Per-server byte counts and failures of one download; filled in as it runs."""
 
     bytes_by_server: Counter = field(default_factory=Counter)
-    failures: list[tuple[int, str, str]] = field(default_factory=list)  # (shard index, server, reason)
+    failures: list[tuple[int, str, str]] = field(
+        default_factory=list
+    )  # (shard index, server, reason)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add_bytes(self, server: str, n: int) -> None:
@@ -329,7 +363,9 @@ class ShardDownloader:
         if self.source.manifest is None and self.shard_size is None:
             first = 0 if 0 in indices else None
             if first is None:
-                raise ValueError("without a manifest the shard size must be known before fetching later shards")
+                raise ValueError(
+                    "without a manifest the shard size must be known before fetching later shards"
+                )
             results[0] = self._fetch_shard(0)
             n = self.source.entry.num_shards
             self.shard_size = results[0].size
@@ -356,10 +392,15 @@ class ShardDownloader:
                 with lock:
                     results[index] = info
 
-        threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(self.concurrency, len(indices)))]
+        threads = [
+            threading.Thread(target=worker, daemon=True)
+            for _ in range(min(self.concurrency, len(indices)))
+        ]
         finished = threading.Event()
         if self.candidates:
-            threads.append(threading.Thread(target=self._watch_candidates, args=(finished,), daemon=True))
+            threads.append(
+                threading.Thread(target=self._watch_candidates, args=(finished,), daemon=True)
+            )
         for t in threads:
             t.start()
         for t in threads[: min(self.concurrency, len(indices))]:
@@ -376,7 +417,10 @@ class ShardDownloader:
             if not waiting:
                 return
             for server, listing in read_distributions(waiting, self.timeout).items():
-                if isinstance(listing, dict) and listing.get(self.source.version) == self.source.entry:
+                if (
+                    isinstance(listing, dict)
+                    and listing.get(self.source.version) == self.source.entry
+                ):
                     log.info("%s now lists v%d; adding it", server, self.source.version)
                     self.chooser.add(server)
 
@@ -412,20 +456,36 @@ class ShardDownloader:
 
             start = time.perf_counter()
             try:
-                get_stream(f"{server}/{name}", sink, self.timeout, buffer=buffer, min_rate=self.min_rate)
+                get_stream(
+                    f"{server}/{name}", sink, self.timeout, buffer=buffer, min_rate=self.min_rate
+                )
                 if expected is not None and written != expected:
                     raise TransferError(f"shard is {written} bytes, expected {expected}")
-                if self.shard_size is not None and self.expected_size(index) is None and written > self.shard_size:
-                    raise TransferError(f"last shard is {written} bytes, larger than the shard size {self.shard_size}")
+                if (
+                    self.shard_size is not None
+                    and self.expected_size(index) is None
+                    and written > self.shard_size
+                ):
+                    raise TransferError(
+                        f"last shard is {written} bytes, larger than the shard size {self.shard_size}"
+                    )
                 digest = hasher.hexdigest()
                 if wanted_hash is not None and digest != wanted_hash:
-                    raise TransferError(f"BLAKE3 {digest[:16]}… does not match the manifest's {wanted_hash[:16]}…")
+                    raise TransferError(
+                        f"BLAKE3 {digest[:16]}… does not match the manifest's {wanted_hash[:16]}…"
+                    )
             except TransferError as exc:
                 reason = str(exc)
                 reasons.append(f"{server}: {reason}")
                 self.stats.add_failure(index, server, reason)
                 self.chooser.record(server, False)
-                log.info("shard %d from %s failed (attempt %d): %s", index + 1, server, attempt + 1, reason)
+                log.info(
+                    "shard %d from %s failed (attempt %d): %s",
+                    index + 1,
+                    server,
+                    attempt + 1,
+                    reason,
+                )
                 if self.on_bytes is not None and written:
                     self.on_bytes(-written)
                 time.sleep(min(self.backoff_s * 2**attempt, 2.0))
@@ -439,7 +499,8 @@ class ShardDownloader:
                 self.on_shard(index, info)
             return info
         raise FetchError(
-            f"shard {index + 1} of v{self.source.version} failed {self.max_attempts} times: " + "; ".join(reasons)
+            f"shard {index + 1} of v{self.source.version} failed {self.max_attempts} times: "
+            + "; ".join(reasons)
         )
 
 
@@ -494,7 +555,9 @@ class InOrderHasher:
                     while size > 0:
                         n = os.preadv(f.fileno(), [view[: min(size, len(buffer))]], offset)
                         if n == 0:
-                            raise FetchError(f"{self.path} ended early while hashing shard {index + 1}")
+                            raise FetchError(
+                                f"{self.path} ended early while hashing shard {index + 1}"
+                            )
                         self.hasher.update(view[:n])
                         offset += n
                         size -= n
@@ -521,7 +584,11 @@ def _done_shards(partial: Path, source: VersionSource, archive: Path) -> set[int
     """Shards a previous attempt finished; with a manifest each is re-hashed before it counts."""
     state_file, log_file = partial / "state.json", partial / "done.log"
     state = {"blake3": source.entry.blake3, "num_shards": source.entry.num_shards}
-    if not state_file.exists() or json.loads(state_file.read_text()) != state or not log_file.exists():
+    if (
+        not state_file.exists()
+        or json.loads(state_file.read_text()) != state
+        or not log_file.exists()
+    ):
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         state_file.write_text(json.dumps(state))
@@ -567,8 +634,17 @@ def download_file(
         return archive, 0 if index == 0 else index * downloader.shard_size
 
     downloader = ShardDownloader(
-        source, chooser, target, concurrency=concurrency, timeout=timeout, min_rate=min_rate,
-        max_attempts=max_attempts, stats=stats, on_shard=on_shard, on_bytes=on_bytes, candidates=candidates,
+        source,
+        chooser,
+        target,
+        concurrency=concurrency,
+        timeout=timeout,
+        min_rate=min_rate,
+        max_attempts=max_attempts,
+        stats=stats,
+        on_shard=on_shard,
+        on_bytes=on_bytes,
+        candidates=candidates,
     )
     if source.manifest is None and done:
         raise ValueError("resuming needs a manifest: without one the shard offsets are unknown")
@@ -576,7 +652,9 @@ def download_file(
         archive.touch()
     whole = InOrderHasher(archive, source.entry.num_shards)
     for index in done:
-        whole.shard_done(index, index * source.manifest.shard_size, source.manifest.shards[index].size)
+        whole.shard_done(
+            index, index * source.manifest.shard_size, source.manifest.shards[index].size
+        )
 
     def shard_finished(index: int, info: ShardInfo) -> None:
         whole.shard_done(index, target(index)[1], info.size)
@@ -593,11 +671,19 @@ def download_file(
         size = source.manifest.file_size
     else:
         last = source.entry.num_shards - 1
-        size = downloader.shard_size * last + results[last].size if last in results else os.path.getsize(archive)
+        size = (
+            downloader.shard_size * last + results[last].size
+            if last in results
+            else os.path.getsize(archive)
+        )
     os.truncate(archive, size)
     digest = whole.hexdigest()
     if digest != source.entry.blake3:
-        hint = "" if source.manifest else " (the servers publish no per-shard manifest, so the bad shard cannot be told)"
+        hint = (
+            ""
+            if source.manifest
+            else " (the servers publish no per-shard manifest, so the bad shard cannot be told)"
+        )
         raise IntegrityError(
             f"v{source.version}: the downloaded file's BLAKE3 is {digest}, distribution.txt says "
             f"{source.entry.blake3}{hint}; nothing was kept"
@@ -657,8 +743,16 @@ def fetch(
     try:
         with bar:
             download_file(
-                source, archive, done=done, on_shard=record, concurrency=concurrency, timeout=timeout,
-                min_rate=min_rate, max_attempts=max_attempts, stats=stats, on_bytes=bar.advance,
+                source,
+                archive,
+                done=done,
+                on_shard=record,
+                concurrency=concurrency,
+                timeout=timeout,
+                min_rate=min_rate,
+                max_attempts=max_attempts,
+                stats=stats,
+                on_bytes=bar.advance,
                 candidates=[normalize_server(s) for s in servers],
             )
         done_log.close()
@@ -684,12 +778,18 @@ def fetch(
         done_log.close()
         raise
     return FetchResult(
-        final, source.version, dict(stats.bytes_by_server), list(stats.failures),
-        time.perf_counter() - started, resumed_shards=len(done),
+        final,
+        source.version,
+        dict(stats.bytes_by_server),
+        list(stats.failures),
+        time.perf_counter() - started,
+        resumed_shards=len(done),
     )
 
 
-def resolve_or_none(servers: list[str], source: VersionSource, timeout: float) -> VersionSource | None:
+def resolve_or_none(
+    servers: list[str], source: VersionSource, timeout: float
+) -> VersionSource | None:
     try:
         again = resolve_version(servers, source.version, timeout=timeout)
     except VersionUnavailableError:
@@ -715,11 +815,21 @@ class _NoProgress:
 
 class _RichProgress:
     def __init__(self, source: VersionSource, done: set[int]) -> None:
-        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
 
         total = source.manifest.file_size if source.manifest else None
         self.progress = Progress(
-            f"v{source.version}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn()
+            f"v{source.version}",
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
         )
         already = sum(source.manifest.shards[i].size for i in done) if source.manifest else 0
         self.task = self.progress.add_task("download", total=total, completed=already)

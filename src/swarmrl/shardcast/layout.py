@@ -92,7 +92,10 @@ def parse_distribution(text: str) -> dict[int, VersionEntry]:
 def format_distribution(entries: list[VersionEntry] | dict[int, VersionEntry]) -> str:
     """distribution.txt text, oldest version first, exactly as the reference writes it."""
     values = entries.values() if isinstance(entries, dict) else entries
-    return "".join(f"v{e.version}: {e.blake3}|{e.num_shards}\n" for e in sorted(values, key=lambda e: e.version))
+    return "".join(
+        f"v{e.version}: {e.blake3}|{e.num_shards}\n"
+        for e in sorted(values, key=lambda e: e.version)
+    )
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,9 @@ class Manifest:
 
     def __post_init__(self) -> None:
         if self.shard_size <= 0 or self.file_size < 0:
-            raise LayoutError(f"manifest v{self.version}: shard_size must be > 0 and file_size >= 0")
+            raise LayoutError(
+                f"manifest v{self.version}: shard_size must be > 0 and file_size >= 0"
+            )
         if len(self.shards) != shard_count(self.file_size, self.shard_size):
             raise LayoutError(
                 f"manifest v{self.version}: {len(self.shards)} shards listed, but a {self.file_size}-byte "
@@ -123,9 +128,13 @@ class Manifest:
         for i, shard in enumerate(self.shards):
             expected = shard_span(i, self.file_size, self.shard_size)[1]
             if shard.size != expected:
-                raise LayoutError(f"manifest v{self.version}: shard {i + 1} is {shard.size} bytes, expected {expected}")
+                raise LayoutError(
+                    f"manifest v{self.version}: shard {i + 1} is {shard.size} bytes, expected {expected}"
+                )
             if not _HEX64.match(shard.blake3):
-                raise LayoutError(f"manifest v{self.version}: shard {i + 1} hash is not 64 lowercase hex digits")
+                raise LayoutError(
+                    f"manifest v{self.version}: shard {i + 1} hash is not 64 lowercase hex digits"
+                )
         if not _HEX64.match(self.blake3):
             raise LayoutError(f"manifest v{self.version}: file hash is not 64 lowercase hex digits")
 
@@ -152,7 +161,9 @@ class Manifest:
         try:
             raw = json.loads(text)
             if raw.get("format") != MANIFEST_FORMAT:
-                raise LayoutError(f"manifest format is {raw.get('format')!r}, expected {MANIFEST_FORMAT!r}")
+                raise LayoutError(
+                    f"manifest format is {raw.get('format')!r}, expected {MANIFEST_FORMAT!r}"
+                )
             return cls(
                 version=int(raw["version"]),
                 file_size=int(raw["file_size"]),

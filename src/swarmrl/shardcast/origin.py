@@ -87,12 +87,16 @@ def _normalized(info: tarfile.TarInfo) -> tarfile.TarInfo:
 def write_archive(checkpoint_dir: Path, out) -> None:
     """Write the deterministic tar of ``checkpoint_dir`` (regular files and folders) to ``out``."""
     checkpoint_dir = Path(checkpoint_dir)
-    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, bufsize=_COPY_BUFFER) as tar:
+    with tarfile.open(
+        fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, bufsize=_COPY_BUFFER
+    ) as tar:
         tar.copybufsize = _COPY_BUFFER
         for path in sorted(checkpoint_dir.rglob("*")):
             if not (path.is_file() or path.is_dir()) or path.is_symlink():
                 raise ValueError(f"{path}: a checkpoint may hold only regular files and folders")
-            info = _normalized(tar.gettarinfo(str(path), arcname=path.relative_to(checkpoint_dir).as_posix()))
+            info = _normalized(
+                tar.gettarinfo(str(path), arcname=path.relative_to(checkpoint_dir).as_posix())
+            )
             if path.is_file():
                 with open(path, "rb") as f:
                     tar.addfile(info, f)
@@ -103,7 +107,13 @@ def write_archive(checkpoint_dir: Path, out) -> None:
 class Origin:
     """Publishes checkpoints into ``root`` (serve it with ``server.start_server``)."""
 
-    def __init__(self, root: Path, keep: int = 3, shard_size: int = DEFAULT_SHARD_SIZE, grace_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        root: Path,
+        keep: int = 3,
+        shard_size: int = DEFAULT_SHARD_SIZE,
+        grace_s: float = 300.0,
+    ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.store = VersionStore(root, grace_s=grace_s)
@@ -124,7 +134,9 @@ class Origin:
         """Publish ``checkpoint_dir`` as ``v<version>``; announce it once every shard is in place."""
         checkpoint_dir = Path(checkpoint_dir)
         if not checkpoint_dir.is_dir():
-            raise FileNotFoundError(f"cannot publish v{version}: {checkpoint_dir} is not a directory")
+            raise FileNotFoundError(
+                f"cannot publish v{version}: {checkpoint_dir} is not a directory"
+            )
         listed = self.store.listed()
         newest = max([*listed, *self.store.retired()], default=-1)
         if version < newest or (version == newest and version not in listed):

@@ -66,7 +66,11 @@ class Relay:
 
     def upstream_listing(self) -> dict[int, VersionEntry] | None:
         """Versions any upstream lists (the entry most upstreams agree on); None if none answered."""
-        listings = [l for l in read_distributions(self.upstreams, self.timeout).values() if isinstance(l, dict)]
+        listings = [
+            l
+            for l in read_distributions(self.upstreams, self.timeout).values()
+            if isinstance(l, dict)
+        ]
         if not listings:
             return None
         merged: dict[int, list[VersionEntry]] = {}
@@ -79,7 +83,10 @@ class Relay:
         """One round: mirror new versions, drop what upstream dropped; return versions added."""
         upstream = self.upstream_listing()
         if upstream is None:
-            log.warning("no upstream answered (%s); serving what this relay holds", ", ".join(self.upstreams))
+            log.warning(
+                "no upstream answered (%s); serving what this relay holds",
+                ", ".join(self.upstreams),
+            )
             return []
         held = {v: e for v, e in self.store.listed().items() if upstream.get(v) == e}
         added = []
@@ -112,8 +119,13 @@ class Relay:
         chooser = ServerChooser(list(source.servers))
         probe_servers(chooser, self.timeout)
         downloader = ShardDownloader(
-            source, chooser, target, concurrency=self.concurrency, timeout=self.timeout,
-            max_attempts=self.max_attempts, stats=self.stats,
+            source,
+            chooser,
+            target,
+            concurrency=self.concurrency,
+            timeout=self.timeout,
+            max_attempts=self.max_attempts,
+            stats=self.stats,
         )
         downloader.run([i for i in range(source.entry.num_shards) if i not in done])
         manifest = self._check_whole(staging, source)
@@ -150,17 +162,25 @@ class Relay:
             shards.append(ShardInfo(path.stat().st_size, hasher.hexdigest()))
         if whole.hexdigest() != source.entry.blake3:
             shutil.rmtree(staging, ignore_errors=True)
-            raise FetchError(f"v{source.version}: mirrored shards hash to {whole.hexdigest()}, upstream says {source.entry.blake3}")
+            raise FetchError(
+                f"v{source.version}: mirrored shards hash to {whole.hexdigest()}, upstream says {source.entry.blake3}"
+            )
         if source.manifest is not None:
             return source.manifest
-        return Manifest(source.version, sum(s.size for s in shards), shards[0].size, source.entry.blake3, tuple(shards))
+        return Manifest(
+            source.version,
+            sum(s.size for s in shards),
+            shards[0].size,
+            source.entry.blake3,
+            tuple(shards),
+        )
 
     def run(self) -> None:
         """Sync until ``stop()``; errors in one round are logged and retried next round."""
         while not self.stopped.is_set():
             try:
                 self.sync_once()
-            except Exception:  # noqa: BLE001 - a relay keeps serving what it holds through upstream trouble
+            except Exception:
                 log.exception("relay sync round failed; retrying in %.1f s", self.poll_s)
             self.stopped.wait(self.poll_s)
 

@@ -41,13 +41,19 @@ class ServerStats:
 
     def as_dict(self) -> dict[str, int]:
         with self.lock:
-            return {"bytes_served": self.bytes_served, "shard_bytes": self.shard_bytes, "responses": self.responses}
+            return {
+                "bytes_served": self.bytes_served,
+                "shard_bytes": self.shard_bytes,
+                "responses": self.responses,
+            }
 
 
 class _CountedFileResponse(web.FileResponse):
     """A FileResponse that adds its body to the server's stats once it has been sent."""
 
-    def __init__(self, path: Path, stats: ServerStats, is_shard: bool, headers: dict[str, str] | None = None):
+    def __init__(
+        self, path: Path, stats: ServerStats, is_shard: bool, headers: dict[str, str] | None = None
+    ):
         super().__init__(path, headers=headers)
         self._stats = stats
         self._is_shard = is_shard
@@ -62,7 +68,9 @@ class _CountedFileResponse(web.FileResponse):
 def make_app(root: Path, stats: ServerStats) -> web.Application:
     root = Path(root).resolve()
 
-    async def send(request: web.Request, path: Path, is_shard: bool, headers: dict[str, str] | None = None):
+    async def send(
+        request: web.Request, path: Path, is_shard: bool, headers: dict[str, str] | None = None
+    ):
         return _CountedFileResponse(path, stats, is_shard, headers)
 
     async def distribution(request: web.Request):
@@ -89,7 +97,9 @@ def make_app(root: Path, stats: ServerStats) -> web.Application:
     return app
 
 
-async def serve(root: Path, host: str = DEFAULT_HOST, port: int = 0) -> tuple[web.AppRunner, int, ServerStats]:
+async def serve(
+    root: Path, host: str = DEFAULT_HOST, port: int = 0
+) -> tuple[web.AppRunner, int, ServerStats]:
     """Start serving ``root`` on the running loop; return the runner, the bound port and the stats."""
     stats = ServerStats()
     runner = web.AppRunner(make_app(root, stats), access_log=None)

@@ -81,7 +81,9 @@ class VersionStore:
         """Make ``entries`` the whole of distribution.txt; delisted versions start their grace period."""
         for entry in entries:
             if not self.version_dir(entry.version).is_dir():
-                raise RuntimeError(f"refusing to announce v{entry.version}: {self.version_dir(entry.version)} is missing")
+                raise RuntimeError(
+                    f"refusing to announce v{entry.version}: {self.version_dir(entry.version)} is missing"
+                )
         atomic_write(self.root / DISTRIBUTION_FILE, format_distribution(entries).encode())
         self.prune()
 
@@ -103,7 +105,10 @@ class VersionStore:
                 shutil.rmtree(self.version_dir(version), ignore_errors=True)
                 deleted.append(version)
         # a deleted version stays recorded: its number was announced once and must not be reused
-        atomic_write(self.root / RETIRED_FILE, json.dumps({str(k): v for k, v in sorted(retired.items())}).encode())
+        atomic_write(
+            self.root / RETIRED_FILE,
+            json.dumps({str(k): v for k, v in sorted(retired.items())}).encode(),
+        )
         return deleted
 
     def ever_announced(self, version: int) -> bool:

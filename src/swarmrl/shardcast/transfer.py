@@ -45,7 +45,10 @@ def _connect(url: str, timeout: float) -> tuple[socket.socket, str]:
         raise TransferError(f"GET {url}: cannot connect: {exc}") from exc
     sock.settimeout(timeout)
     host = parts.netloc
-    return sock, f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nAccept-Encoding: identity\r\n"
+    return (
+        sock,
+        f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nAccept-Encoding: identity\r\n",
+    )
 
 
 def get_stream(
@@ -82,7 +85,11 @@ def get_stream(
         header_end = head.index(b"\r\n\r\n")
         lines = bytes(head[:header_end]).decode("latin-1").split("\r\n")
         status_parts = lines[0].split(" ", 2)
-        if len(status_parts) < 2 or not status_parts[0].startswith("HTTP/") or not status_parts[1].isdigit():
+        if (
+            len(status_parts) < 2
+            or not status_parts[0].startswith("HTTP/")
+            or not status_parts[1].isdigit()
+        ):
             raise TransferError(f"GET {url}: malformed status line {lines[0]!r}")
         status = int(status_parts[1])
         wanted = 206 if byte_range is not None else 200
@@ -93,13 +100,17 @@ def get_stream(
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
         if "content-length" not in headers or not headers["content-length"].isdigit():
-            raise TransferError(f"GET {url}: the server sent no Content-Length; shard servers must send one")
+            raise TransferError(
+                f"GET {url}: the server sent no Content-Length; shard servers must send one"
+            )
         length = int(headers["content-length"])
         deadline = None if min_rate is None else started + timeout + length / min_rate
 
         def too_slow() -> TransferError:
-            return TransferError(f"GET {url}: slower than {min_rate / 1024:.0f} KiB/s ({received} of {length} bytes "
-                                 f"in {time.monotonic() - started:.1f} s)")
+            return TransferError(
+                f"GET {url}: slower than {min_rate / 1024:.0f} KiB/s ({received} of {length} bytes "
+                f"in {time.monotonic() - started:.1f} s)"
+            )
 
         body_start = bytes(head[header_end + 4 :])
         filled = min(len(body_start), length)
@@ -114,7 +125,9 @@ def get_stream(
                     sock.settimeout(min(timeout, left))
                 n = sock.recv_into(view[filled : min(len(buffer), filled + length - received)])
                 if n == 0:
-                    raise TransferError(f"GET {url}: connection closed after {received} of {length} body bytes")
+                    raise TransferError(
+                        f"GET {url}: connection closed after {received} of {length} body bytes"
+                    )
                 filled += n
                 received += n
                 if filled < len(buffer) and received < length:
@@ -122,7 +135,7 @@ def get_stream(
             sink(view[:filled])
             filled = 0
         return length
-    except socket.timeout as exc:
+    except TimeoutError as exc:
         if deadline is not None and time.monotonic() >= deadline:
             raise too_slow() from exc
         raise TransferError(f"GET {url}: no data for {timeout} s (server hung?)") from exc

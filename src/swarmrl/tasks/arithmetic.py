@@ -28,7 +28,9 @@ SPAN = HIGH - LOW + 1
 DIGITS = 3
 
 
-def worked_solution(a: int, b: int, *, drop_carries: list[bool] | None = None, verbose: bool = False) -> str:
+def worked_solution(
+    a: int, b: int, *, drop_carries: list[bool] | None = None, verbose: bool = False
+) -> str:
     """The scratchpad and answer for a+b. `drop_carries[i]` forgets the carry into digit i."""
     steps, carry, digits = [], 0, []
     for i in range(DIGITS):
@@ -101,9 +103,10 @@ class ArithmeticTask:
     def score(self, problem: Problem, completion: str) -> float:
         return 1.0 if parse_answer(completion) == int(problem.answer) else 0.0
 
-    def demonstration(self, problem: Problem, rng: random.Random, carry_drop: float, verbose_prob: float) -> str:
+    def demonstration(
+        self, problem: Problem, rng: random.Random, carry_drop: float, verbose_prob: float
+    ) -> str:
         """An imperfect worked solution, as used for the warm start (see module docstring)."""
         a, b = (int(x) for x in problem.question.split("+"))
         drops = [rng.random() < carry_drop for _ in range(DIGITS)]
         return worked_solution(a, b, drop_carries=drops, verbose=rng.random() < verbose_prob)
-

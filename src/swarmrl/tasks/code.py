@@ -164,7 +164,11 @@ class CodeTask(FileTask):
         self.memory_limit_mb = memory_limit_mb
         self.python_executable = python_executable
         self._split = load_problems(
-            path, eval_path=eval_path, eval_size=eval_size, fields=FIELDS, make_problem=_make_problem
+            path,
+            eval_path=eval_path,
+            eval_size=eval_size,
+            fields=FIELDS,
+            make_problem=_make_problem,
         )
 
     def score(self, problem: Problem, completion: str) -> float:
@@ -265,7 +269,9 @@ def run_solution(
     )
 
 
-def _collect(process: subprocess.Popen[bytes], status_fd: int, deadline: float) -> tuple[bytes, bytes]:
+def _collect(
+    process: subprocess.Popen[bytes], status_fd: int, deadline: float
+) -> tuple[bytes, bytes]:
     """Read the output pipe (keeping its tail) and the status pipe until both close or
     the deadline passes."""
     assert process.stdout is not None
@@ -320,7 +326,9 @@ def _sandbox_user(python_executable: str) -> tuple[int, int] | None:
             capture_output=True,
             timeout=60,
         )
-        problem = None if probe.returncode == 0 else probe.stderr.decode(errors="replace").strip()[-300:]
+        problem = (
+            None if probe.returncode == 0 else probe.stderr.decode(errors="replace").strip()[-300:]
+        )
     except (OSError, subprocess.TimeoutExpired) as error:
         problem = str(error)
     if problem is None:
@@ -330,7 +338,9 @@ def _sandbox_user(python_executable: str) -> tuple[int, int] | None:
         "solutions will run as root, where the kernel does not enforce the no-new-"
         "processes limit. Run swarmrl as a non-root user, or use a Python that every "
         "user can read (e.g. not under /root).",
-        uid, python_executable, problem,
+        uid,
+        python_executable,
+        problem,
     )
     return None
 

@@ -176,7 +176,9 @@ def load_problems(
 
 
 def _problems(
-    path: Path, fields: Mapping[str, Field], make_problem: Callable[[dict[str, object], str], Problem]
+    path: Path,
+    fields: Mapping[str, Field],
+    make_problem: Callable[[dict[str, object], str], Problem],
 ) -> list[Problem]:
     rows = load_rows(path, fields)
     return [make_problem(row, f"{path.stem}-{index}") for index, row in enumerate(rows)]
@@ -237,7 +239,7 @@ def _validate(record: object, where: str, fields: Mapping[str, Field]) -> dict[s
             raise ProblemFileError(
                 f"{where}: field {name!r} must be {wanted}, got {_describe(value)}"
             )
-        if field.required and (value == [] or isinstance(value, str) and not value.strip()):
+        if field.required and (value == [] or (isinstance(value, str) and not value.strip())):
             raise ProblemFileError(f"{where}: field {name!r} is empty")
         row[key] = value
     return row

@@ -90,7 +90,11 @@ class MathTask(FileTask):
             )
         self.verify_timeout_s = verify_timeout_s
         self._split = load_problems(
-            path, eval_path=eval_path, eval_size=eval_size, fields=FIELDS, make_problem=_make_problem
+            path,
+            eval_path=eval_path,
+            eval_size=eval_size,
+            fields=FIELDS,
+            make_problem=_make_problem,
         )
 
     def score(self, problem: Problem, completion: str) -> float:
@@ -143,7 +147,9 @@ def answers_match(reference: str, candidate: str, timeout_s: int | None) -> bool
 def _make_problem(row: dict[str, object], default_id: str) -> Problem:
     problem_id = default_id if row["id"] is None else str(row["id"])
     return Problem(
-        problem_id=problem_id, question=str(row["question"]).strip(), answer=str(row["answer"]).strip()
+        problem_id=problem_id,
+        question=str(row["question"]).strip(),
+        answer=str(row["answer"]).strip(),
     )
 
 
@@ -183,7 +189,9 @@ class _Helper:
 
     def same(self, reference: str, candidate: str, timeout_s: int, deadline: float) -> bool | None:
         """The helper's verdict, or None if it did not answer by `deadline`."""
-        request = json.dumps({"reference": reference, "candidate": candidate, "timeout_s": timeout_s})
+        request = json.dumps(
+            {"reference": reference, "candidate": candidate, "timeout_s": timeout_s}
+        )
         assert self._process.stdin is not None
         try:
             self._process.stdin.write(request.encode() + b"\n")
@@ -243,7 +251,9 @@ class _HelperPool:
             logger.warning(
                 "math-verify gave no verdict within %.0f s comparing %.80r with reference "
                 "%.80r; scored 0.0 and restarted its helper process",
-                hard_limit_s, candidate, reference,
+                hard_limit_s,
+                candidate,
+                reference,
             )
             return False
         with self._lock:

@@ -94,8 +94,7 @@ def _parse(proof: bytes | bytearray | memoryview) -> tuple[int, np.ndarray]:
     raw = bytes(proof)
     if len(raw) < 4 or len(raw) % 2:
         raise ProofFormatError(
-            f"proof is {len(raw)} bytes; a proof is 2 + 2k bytes with k >= 1 "
-            f"(258 for topk=128)"
+            f"proof is {len(raw)} bytes; a proof is 2 + 2k bytes with k >= 1 (258 for topk=128)"
         )
     words = np.frombuffer(raw, dtype=">u2").astype(np.int64)
     modulus, coeffs = int(words[0]), words[1:]

@@ -298,9 +298,7 @@ def _interpolate_lagrange(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     shifted_dist = (z + P)[None, :, None] - x[:, None, :]  # (z_t - x_j) + P, [batch, t, j]
     log_dist = np.take(_LOG_OF_DIFF, shifted_dist)
     log_m = (log_dist.sum(axis=2) % _ORDER).astype(np.int32)  # zeros skipped; fixed below
-    lagrange = np.take(
-        _EXP_WIDE, (log_m + _ORDER)[:, :, None] - log_dist + log_w[:, None, :]
-    )
+    lagrange = np.take(_EXP_WIDE, (log_m + _ORDER)[:, :, None] - log_dist + log_w[:, None, :])
     values = _mod_p(np.matmul(lagrange, y[:, :, None])[:, :, 0])
 
     # Where z_t coincides with some x_j, M(z_t) = 0 and the formula is meaningless:
@@ -334,14 +332,18 @@ def evaluate(coeffs: np.ndarray, x: np.ndarray) -> np.ndarray:
     if _in_tables(x, k):
         powers = _power_table(k)
         blocks = [
-            np.matmul(powers[x[i : i + _TABLE_BLOCK]].astype(np.float64),
-                      coeffs[i : i + _TABLE_BLOCK, :, None])
+            np.matmul(
+                powers[x[i : i + _TABLE_BLOCK]].astype(np.float64),
+                coeffs[i : i + _TABLE_BLOCK, :, None],
+            )
             for i in range(0, batch, _TABLE_BLOCK)
         ]
     else:
         blocks = [
-            np.matmul(_powers_from_logs(x[i : i + _LAGRANGE_BLOCK], k),
-                      coeffs[i : i + _LAGRANGE_BLOCK, :, None])
+            np.matmul(
+                _powers_from_logs(x[i : i + _LAGRANGE_BLOCK], k),
+                coeffs[i : i + _LAGRANGE_BLOCK, :, None],
+            )
             for i in range(0, batch, _LAGRANGE_BLOCK)
         ]
     return np.concatenate(blocks)[:, :, 0].astype(np.int64) % P

@@ -216,7 +216,9 @@ def _verify_parsed(
     return _per_sequence(len(activations), placed)
 
 
-def _by_points(activations: Sequence[torch.Tensor], chunk_size: int, topk: int) -> list[list[_TopEntries]]:
+def _by_points(
+    activations: Sequence[torch.Tensor], chunk_size: int, topk: int
+) -> list[list[_TopEntries]]:
     """The top-k entries of every chunk, grouped by number of points k' (chunks with
     the same k' share one modulus search, interpolation or evaluation pass)."""
     groups: dict[int, list[_TopEntries]] = {}

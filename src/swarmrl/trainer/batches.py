@@ -69,7 +69,10 @@ class BatchCollector:
             try:
                 table, meta = read_rollouts(path)
                 if meta.step != self.step:
-                    raise RolloutFileError(path, f"file is for step {meta.step}, found in the folder of step {self.step}")
+                    raise RolloutFileError(
+                        path,
+                        f"file is for step {meta.step}, found in the folder of step {self.step}",
+                    )
             except RolloutFileError as exc:
                 self.rejected.append((str(path), exc.problem))
                 log.error("rejected rollout file %s", exc)
@@ -82,15 +85,24 @@ class BatchCollector:
         self.all_task_rewards.extend(rows["task_rewards"])
         self.all_length_penalties.extend(rows["length_penalties"])
         self.all_length_errors.extend(
-            abs(t - len(o)) for t, o in zip(rows["target_lengths"], rows["output_tokens"]) if t >= 0)
+            abs(t - len(o)) for t, o in zip(rows["target_lengths"], rows["output_tokens"]) if t >= 0
+        )
         start = 0
         while start < n:
             end = start
             while end < n and rows["problem_id"][end] == rows["problem_id"][start]:
                 end += 1
             group = [
-                Sample(rows["input_tokens"][i], rows["output_tokens"][i], rows["advantages"][i], rows["rewards"][i],
-                       rows["task_rewards"][i], rows["length_penalties"][i], rows["target_lengths"][i], rows["policy_step"][i])
+                Sample(
+                    rows["input_tokens"][i],
+                    rows["output_tokens"][i],
+                    rows["advantages"][i],
+                    rows["rewards"][i],
+                    rows["task_rewards"][i],
+                    rows["length_penalties"][i],
+                    rows["target_lengths"][i],
+                    rows["policy_step"][i],
+                )
                 for i in range(start, end)
             ]
             start = end

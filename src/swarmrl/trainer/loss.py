@@ -40,7 +40,9 @@ class GRPOLossOutput:
     mean_entropy: torch.Tensor
 
 
-def grpo_loss(inp: GRPOLossInput, epsilon: float = 0.2, delta: float = 4.0, entropy_coef: float = 0.0) -> GRPOLossOutput:
+def grpo_loss(
+    inp: GRPOLossInput, epsilon: float = 0.2, delta: float = 4.0, entropy_coef: float = 0.0
+) -> GRPOLossOutput:
     """The loss of one (mini)batch; see the module docstring for the formula."""
     mask = inp.mask.to(inp.logprobs.dtype)
     adv = inp.advantages.to(inp.logprobs.dtype).unsqueeze(-1)
@@ -57,13 +59,21 @@ def grpo_loss(inp: GRPOLossInput, epsilon: float = 0.2, delta: float = 4.0, entr
             loss = loss - entropy_coef * (inp.entropy * mask).sum() / inp.token_budget
     with torch.no_grad():
         # A token's gradient is cut when the min picks a clamped term that is flat in r.
-        was_clipped = ((adv > 0) & (ratio > 1 + epsilon)) | ((adv < 0) & (ratio < 1 - epsilon)) | ((adv < 0) & (ratio > delta))
+        was_clipped = (
+            ((adv > 0) & (ratio > 1 + epsilon))
+            | ((adv < 0) & (ratio < 1 - epsilon))
+            | ((adv < 0) & (ratio > delta))
+        )
         clip_ratio = (was_clipped.to(mask.dtype) * mask).sum() / n_tokens
         mean_ratio = (ratio * mask).sum() / n_tokens
-    return GRPOLossOutput(loss=loss, clip_ratio=clip_ratio, mean_ratio=mean_ratio, mean_entropy=mean_entropy.detach())
+    return GRPOLossOutput(
+        loss=loss, clip_ratio=clip_ratio, mean_ratio=mean_ratio, mean_entropy=mean_entropy.detach()
+    )
 
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprob and entropy of `tokens` under logits/temperature (as the sampler drew them).
 
     logits: [B, T, V] predicting tokens [B, T]. Returns ([B, T], [B, T]).

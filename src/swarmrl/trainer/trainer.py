@@ -45,7 +45,9 @@ from swarmrl.trainer.loss import GRPOLossInput, grpo_loss, token_logprobs
 log = logging.getLogger("swarmrl.trainer")
 
 
-def _pad_batch(samples: list[Sample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _pad_batch(
+    samples: list[Sample], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ids [B, L], the completion tokens' targets [B, L-1] and mask [B, L-1]."""
     seqs = [s.input_tokens + s.output_tokens for s in samples]
     width = max(map(len, seqs))
@@ -86,7 +88,9 @@ class Trainer:
         self.step = latest
         self.model, self.tok = load_policy(checkpoint_dir(self.ckpt_root, latest))
         tc = cfg.trainer
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, betas=tc.betas, weight_decay=tc.weight_decay)
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(), lr=tc.lr, betas=tc.betas, weight_decay=tc.weight_decay
+        )
         self.opt_steps = 0
         state_path = trainer_state_path(self.ckpt_root, latest)
         last_record = None
@@ -107,8 +111,11 @@ class Trainer:
         if cfg.shardcast.enabled:
             from swarmrl.shardcast.origin import Origin
 
-            self.origin = Origin(self.run_dir / "shardcast" / "origin", keep=max(cfg.shardcast.keep, cfg.async_level + 1),
-                                 shard_size=cfg.shardcast.shard_size)
+            self.origin = Origin(
+                self.run_dir / "shardcast" / "origin",
+                keep=max(cfg.shardcast.keep, cfg.async_level + 1),
+                shard_size=cfg.shardcast.shard_size,
+            )
             self._publish(latest)
 
     def _publish(self, step: int) -> None:
@@ -137,7 +144,9 @@ class Trainer:
         and filters a file's own metadata cannot know about)."""
         status = self.run_dir / "trainer_status.json"
         tmp = status.with_name(".trainer_status.json.tmp")
-        tmp.write_text(json.dumps({"step": step, "usable": usable, "needed": self.cfg.trainer.batch_samples}))
+        tmp.write_text(
+            json.dumps({"step": step, "usable": usable, "needed": self.cfg.trainer.batch_samples})
+        )
         tmp.replace(status)
 
     def collect(self, step: int) -> tuple[list[Sample], BatchCollector, float]:
@@ -147,15 +156,27 @@ class Trainer:
         while True:
             collector.poll()
             if collector.usable >= self.cfg.trainer.batch_samples:
-                return collector.take(self.cfg.trainer.batch_samples), collector, time.perf_counter() - start
+                return (
+                    collector.take(self.cfg.trainer.batch_samples),
+                    collector,
+                    time.perf_counter() - start,
+                )
             if collector.usable != reported:
                 self._write_status(step, collector.usable)
                 reported = collector.usable
             if time.perf_counter() - last_report > 60:
-                log.warning("step %d: %d of %d usable samples after %.0f s (%d files read, %d zero-advantage and %d stale "
-                            "samples dropped, %d files rejected)", step, collector.usable, self.cfg.trainer.batch_samples,
-                            time.perf_counter() - start, len(collector.seen), collector.dropped_zero,
-                            collector.dropped_stale, len(collector.rejected))
+                log.warning(
+                    "step %d: %d of %d usable samples after %.0f s (%d files read, %d zero-advantage and %d stale "
+                    "samples dropped, %d files rejected)",
+                    step,
+                    collector.usable,
+                    self.cfg.trainer.batch_samples,
+                    time.perf_counter() - start,
+                    len(collector.seen),
+                    collector.dropped_zero,
+                    collector.dropped_stale,
+                    len(collector.rejected),
+                )
                 last_report = time.perf_counter()
             time.sleep(0.05)
 
@@ -164,7 +185,7 @@ class Trainer:
         temperature = cfg.sampling.temperature
         order = list(range(len(samples)))
         random.shuffle(order)
-        minibatches = [order[i::tc.optimizer_steps] for i in range(tc.optimizer_steps)]
+        minibatches = [order[i :: tc.optimizer_steps] for i in range(tc.optimizer_steps)]
         minibatches = [mb for mb in minibatches if mb]
         pad = self.tok.pad_token_id
         with torch.no_grad():
@@ -179,15 +200,25 @@ class Trainer:
             ids, targets, mask = _pad_batch(batch, pad)
             logprobs, entropy = _forward_logprobs(self.model, ids, targets, temperature)
             out = grpo_loss(
-                GRPOLossInput(logprobs=logprobs, old_logprobs=old[tuple(mb)],
-                              advantages=torch.tensor([s.advantage for s in batch]), mask=mask,
-                              token_budget=float(len(batch) * cfg.sampling.max_new_tokens), entropy=entropy),
-                epsilon=tc.epsilon, delta=tc.delta, entropy_coef=tc.entropy_coef)
+                GRPOLossInput(
+                    logprobs=logprobs,
+                    old_logprobs=old[tuple(mb)],
+                    advantages=torch.tensor([s.advantage for s in batch]),
+                    mask=mask,
+                    token_budget=float(len(batch) * cfg.sampling.max_new_tokens),
+                    entropy=entropy,
+                ),
+                epsilon=tc.epsilon,
+                delta=tc.delta,
+                entropy_coef=tc.entropy_coef,
+            )
             for group in self.opt.param_groups:
                 group["lr"] = self._lr()
             self.opt.zero_grad(set_to_none=True)
             out.loss.backward()
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip)))
+            grad_norms.append(
+                float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip))
+            )
             self.opt.step()
             self.opt_steps += 1
             clip_ratios.append(float(out.clip_ratio))
@@ -195,9 +226,15 @@ class Trainer:
             losses.append(float(out.loss.detach()))
             tokens += int(mask.sum())
         self.model.eval()
-        return {"loss": float(np.mean(losses)), "grad_norm": float(np.mean(grad_norms)), "grad_norm_max": float(np.max(grad_norms)),
-                "clip_ratio": float(np.mean(clip_ratios)), "entropy": float(np.mean(entropies)), "trained_tokens": tokens,
-                "lr": self._lr()}
+        return {
+            "loss": float(np.mean(losses)),
+            "grad_norm": float(np.mean(grad_norms)),
+            "grad_norm_max": float(np.max(grad_norms)),
+            "clip_ratio": float(np.mean(clip_ratios)),
+            "entropy": float(np.mean(entropies)),
+            "trained_tokens": tokens,
+            "lr": self._lr(),
+        }
 
     def run(self, on_step=None) -> None:
         tc = self.cfg.trainer
@@ -216,7 +253,9 @@ class Trainer:
                 "reward": float(np.mean(collector.all_rewards)),
                 "task_reward": float(np.mean(collector.all_task_rewards)),
                 "length_penalty": float(np.mean(collector.all_length_penalties)),
-                "length_error": float(np.mean(collector.all_length_errors)) if collector.all_length_errors else math.nan,
+                "length_error": float(np.mean(collector.all_length_errors))
+                if collector.all_length_errors
+                else math.nan,
                 **stats,
                 "staleness_mean": float(np.mean(staleness)),
                 "staleness_max": int(np.max(staleness)),
@@ -231,8 +270,14 @@ class Trainer:
                 "step_seconds": round(time.perf_counter() - t0, 4),
                 "tokens_per_second": stats["trained_tokens"] / max(train_seconds, 1e-9),
             }
-            state = {"optimizer": self.opt.state_dict(), "optimizer_steps": self.opt_steps, "step": n + 1,
-                     "python_rng": random.getstate(), "torch_rng": torch.get_rng_state(), "metrics": record}
+            state = {
+                "optimizer": self.opt.state_dict(),
+                "optimizer_steps": self.opt_steps,
+                "step": n + 1,
+                "python_rng": random.getstate(),
+                "torch_rng": torch.get_rng_state(),
+                "metrics": record,
+            }
             save_checkpoint(self.ckpt_root, n + 1, self.model, self.tok, state)
             self._publish(n + 1)
             with open(self.metrics_path, "a") as fh:
@@ -241,4 +286,6 @@ class Trainer:
             prune_checkpoints(self.ckpt_root, keep, protect={0})
             if on_step is not None:
                 on_step(record)
-        (self.run_dir / "trainer_done.json").write_text(json.dumps({"final_step": self.step, "time": time.time()}))
+        (self.run_dir / "trainer_done.json").write_text(
+            json.dumps({"final_step": self.step, "time": time.time()})
+        )

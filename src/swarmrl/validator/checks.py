@@ -19,7 +19,15 @@ from swarmrl.toploc import ToplocThresholds, verify_proofs_batch
 from swarmrl.validator.prefill import TokenStats
 from swarmrl.validator.sampling_test import ReplayResult, SamplingStatistics
 
-CHECK_ORDER = ("consistency", "assignment", "values", "termination", "toploc", "logprobs", "sampling")
+CHECK_ORDER = (
+    "consistency",
+    "assignment",
+    "values",
+    "termination",
+    "toploc",
+    "logprobs",
+    "sampling",
+)
 
 
 @dataclass(frozen=True)
@@ -77,32 +85,94 @@ def _result(name: str, failures: list[CheckFailure], **figures) -> CheckResult:
     return CheckResult(name, tuple(failures), figures)
 
 
-def check_consistency(rows: Rows, *, step: int, async_level: int, group_size: int, prompts: int,
-                      max_new_tokens: int, vocab_size: int, run_id: str, expected_run_id: str,
-                      num_nonzero: int) -> CheckResult:
+def check_consistency(
+    rows: Rows,
+    *,
+    step: int,
+    async_level: int,
+    group_size: int,
+    prompts: int,
+    max_new_tokens: int,
+    vocab_size: int,
+    run_id: str,
+    expected_run_id: str,
+    num_nonzero: int,
+) -> CheckResult:
     """Shape of the file: size, one group per prompt, policy step within the async bound, token ids."""
     failures = []
     if run_id != expected_run_id:
-        failures.append(CheckFailure("consistency", None, f"file is for run {run_id!r}, the config's run is {expected_run_id!r}"))
+        failures.append(
+            CheckFailure(
+                "consistency",
+                None,
+                f"file is for run {run_id!r}, the config's run is {expected_run_id!r}",
+            )
+        )
     if len(rows) != prompts * group_size:
-        failures.append(CheckFailure("consistency", None, f"{len(rows)} samples; a submission holds {prompts} prompts x {group_size} samples"))
+        failures.append(
+            CheckFailure(
+                "consistency",
+                None,
+                f"{len(rows)} samples; a submission holds {prompts} prompts x {group_size} samples",
+            )
+        )
     for i in range(len(rows)):
         head = i - i % group_size
         p = rows.policy_step[i]
         if not step - async_level <= p <= step:
-            failures.append(CheckFailure("consistency", i, f"policy_step {p} outside [{step - async_level}, {step}] (step {step}, async level {async_level})"))
+            failures.append(
+                CheckFailure(
+                    "consistency",
+                    i,
+                    f"policy_step {p} outside [{step - async_level}, {step}] (step {step}, async level {async_level})",
+                )
+            )
         elif p != rows.policy_step[0]:
-            failures.append(CheckFailure("consistency", i, f"policy_step {p} differs from the file's first sample ({rows.policy_step[0]})"))
-        elif (rows.problem_id[i], rows.input_tokens[i], rows.target_lengths[i]) != (rows.problem_id[head], rows.input_tokens[head], rows.target_lengths[head]):
-            failures.append(CheckFailure("consistency", i, f"sample is not in the group of sample {head}: a group is {group_size} consecutive samples of one prompt"))
+            failures.append(
+                CheckFailure(
+                    "consistency",
+                    i,
+                    f"policy_step {p} differs from the file's first sample ({rows.policy_step[0]})",
+                )
+            )
+        elif (rows.problem_id[i], rows.input_tokens[i], rows.target_lengths[i]) != (
+            rows.problem_id[head],
+            rows.input_tokens[head],
+            rows.target_lengths[head],
+        ):
+            failures.append(
+                CheckFailure(
+                    "consistency",
+                    i,
+                    f"sample is not in the group of sample {head}: a group is {group_size} consecutive samples of one prompt",
+                )
+            )
         elif len(rows.output_tokens[i]) > max_new_tokens:
-            failures.append(CheckFailure("consistency", i, f"{len(rows.output_tokens[i])} completion tokens, above the limit {max_new_tokens}"))
+            failures.append(
+                CheckFailure(
+                    "consistency",
+                    i,
+                    f"{len(rows.output_tokens[i])} completion tokens, above the limit {max_new_tokens}",
+                )
+            )
         elif not all(0 <= t < vocab_size for t in rows.input_tokens[i] + rows.output_tokens[i]):
-            failures.append(CheckFailure("consistency", i, f"token id outside the vocabulary [0, {vocab_size})"))
+            failures.append(
+                CheckFailure("consistency", i, f"token id outside the vocabulary [0, {vocab_size})")
+            )
     if len(rows) % group_size == 0:
-        counted = sum(group_size for g in range(0, len(rows), group_size) if has_signal(rows.rewards[g:g + group_size]))
+        counted = sum(
+            group_size
+            for g in range(0, len(rows), group_size)
+            if has_signal(rows.rewards[g : g + group_size])
+        )
         if counted != num_nonzero:
-            failures.append(CheckFailure("consistency", None, f"metadata says {num_nonzero} non-zero-advantage samples, the rewards give {counted}"))
+            failures.append(
+                CheckFailure(
+                    "consistency",
+                    None,
+                    f"metadata says {num_nonzero} non-zero-advantage samples, the rewards give {counted}",
+                )
+            )
     return _result("consistency", failures)
 
 
@@ -112,15 +182,41 @@ def check_assignment(rows: Rows, expected: list[ExpectedPrompt]) -> CheckResult:
     for i in range(min(len(rows), len(expected))):
         want = expected[i]
         if rows.problem_id[i] != want.problem_id:
-            failures.append(CheckFailure("assignment", i, f"problem {rows.problem_id[i]!r}, the assignment gives {want.problem_id!r}"))
+            failures.append(
+                CheckFailure(
+                    "assignment",
+                    i,
+                    f"problem {rows.problem_id[i]!r}, the assignment gives {want.problem_id!r}",
+                )
+            )
         elif rows.input_tokens[i] != want.input_tokens:
-            failures.append(CheckFailure("assignment", i, "prompt tokens differ from the assigned problem's rendered prompt"))
+            failures.append(
+                CheckFailure(
+                    "assignment",
+                    i,
+                    "prompt tokens differ from the assigned problem's rendered prompt",
+                )
+            )
         elif rows.target_lengths[i] != want.target_length:
-            failures.append(CheckFailure("assignment", i, f"target length {rows.target_lengths[i]}, the assignment gives {want.target_length}"))
+            failures.append(
+                CheckFailure(
+                    "assignment",
+                    i,
+                    f"target length {rows.target_lengths[i]}, the assignment gives {want.target_length}",
+                )
+            )
         elif rows.seed[i] != want.seed:
-            failures.append(CheckFailure("assignment", i, f"seed {rows.seed[i]}, the assignment gives {want.seed}"))
+            failures.append(
+                CheckFailure(
+                    "assignment", i, f"seed {rows.seed[i]}, the assignment gives {want.seed}"
+                )
+            )
     if len(rows) != len(expected):
-        failures.append(CheckFailure("assignment", None, f"{len(rows)} samples, the assignment has {len(expected)}"))
+        failures.append(
+            CheckFailure(
+                "assignment", None, f"{len(rows)} samples, the assignment has {len(expected)}"
+            )
+        )
     return _result("assignment", failures)
 
 
@@ -129,7 +225,9 @@ def _close(stored: float, recomputed: float, tolerance: float) -> bool:
     return abs(float(stored) - float(recomputed)) <= tolerance
 
 
-def check_values(rows: Rows, task_rewards: list[float], *, alpha: float, group_size: int, tolerance: float) -> CheckResult:
+def check_values(
+    rows: Rows, task_rewards: list[float], *, alpha: float, group_size: int, tolerance: float
+) -> CheckResult:
     """Task rewards (recomputed by the caller), length penalties, totals and group advantages."""
     failures: dict[int, CheckFailure] = {}
     totals = []
@@ -137,55 +235,105 @@ def check_values(rows: Rows, task_rewards: list[float], *, alpha: float, group_s
         penalty = length_penalty(rows.target_lengths[i], len(rows.output_tokens[i]), alpha)
         total = task_rewards[i] - penalty
         totals.append(total)
-        for name, stored, want in (("task reward", rows.task_rewards[i], task_rewards[i]),
-                                   ("length penalty", rows.length_penalties[i], penalty),
-                                   ("reward", rows.rewards[i], total)):
+        for name, stored, want in (
+            ("task reward", rows.task_rewards[i], task_rewards[i]),
+            ("length penalty", rows.length_penalties[i], penalty),
+            ("reward", rows.rewards[i], total),
+        ):
             if i not in failures and not _close(stored, want, tolerance):
-                failures[i] = CheckFailure("values", i, f"{name} {stored:.6g}, recomputed {want:.6g}")
+                failures[i] = CheckFailure(
+                    "values", i, f"{name} {stored:.6g}, recomputed {want:.6g}"
+                )
     for g in range(0, len(rows) - len(rows) % group_size, group_size):
-        want_adv = group_advantages(totals[g:g + group_size])
+        want_adv = group_advantages(totals[g : g + group_size])
         for j, a in enumerate(want_adv):
             i = g + j
-            if i not in failures and not _close(rows.advantages[i], a, tolerance * max(1.0, abs(float(a)))):
-                failures[i] = CheckFailure("values", i, f"advantage {rows.advantages[i]:.6g}, recomputed {a:.6g} from the group's rewards")
+            if i not in failures and not _close(
+                rows.advantages[i], a, tolerance * max(1.0, abs(float(a)))
+            ):
+                failures[i] = CheckFailure(
+                    "values",
+                    i,
+                    f"advantage {rows.advantages[i]:.6g}, recomputed {a:.6g} from the group's rewards",
+                )
     return _result("values", [failures[i] for i in sorted(failures)])
 
 
-def check_termination(rows: Rows, stats: list[TokenStats], replays: list[ReplayResult], *, eos_id: int,
-                      max_new_tokens: int, min_eos_prob: float, replay_exempts_eos: bool) -> CheckResult:
+def check_termination(
+    rows: Rows,
+    stats: list[TokenStats],
+    replays: list[ReplayResult],
+    *,
+    eos_id: int,
+    max_new_tokens: int,
+    min_eos_prob: float,
+    replay_exempts_eos: bool,
+) -> CheckResult:
     """A sample ends with EOS or at the length limit; an EOS is probable (> min_eos_prob) or replay-confirmed."""
     failures = []
     low_eos = 0
     for i, out in enumerate(rows.output_tokens):
         early = [t for t, tok in enumerate(out[:-1]) if tok == eos_id]
         if early:
-            failures.append(CheckFailure("termination", i, f"EOS at token {early[0]} is not the last token"))
+            failures.append(
+                CheckFailure("termination", i, f"EOS at token {early[0]} is not the last token")
+            )
         elif out[-1] != eos_id and len(out) != max_new_tokens:
-            failures.append(CheckFailure("termination", i, f"stops after {len(out)} tokens without EOS, before the limit {max_new_tokens}"))
+            failures.append(
+                CheckFailure(
+                    "termination",
+                    i,
+                    f"stops after {len(out)} tokens without EOS, before the limit {max_new_tokens}",
+                )
+            )
         elif out[-1] == eos_id and not stats[i].eos_probs[-1] > min_eos_prob:
             low_eos += 1
             confirmed = replay_exempts_eos and replays[i].misses == 0
             if not confirmed:
-                failures.append(CheckFailure("termination", i, f"ends on an EOS of probability {stats[i].eos_probs[-1]:.3g} "
-                                                               f"(needs > {min_eos_prob} unless the seed replay draws it)"))
+                failures.append(
+                    CheckFailure(
+                        "termination",
+                        i,
+                        f"ends on an EOS of probability {stats[i].eos_probs[-1]:.3g} "
+                        f"(needs > {min_eos_prob} unless the seed replay draws it)",
+                    )
+                )
     return _result("termination", failures, low_probability_eos=low_eos)
 
 
-def check_toploc(hidden: list, proofs: list[list[bytes]], thresholds: ToplocThresholds) -> CheckResult:
+def check_toploc(
+    hidden: list, proofs: list[list[bytes]], thresholds: ToplocThresholds
+) -> CheckResult:
     """TOPLOC: each sample's proofs against the validator's own bf16 hidden states."""
     failures = []
     worst = [0, 0.0, 0.0]
     for i, chunks in enumerate(verify_proofs_batch(hidden, proofs, thresholds=thresholds)):
         for c in chunks:
-            worst = [max(worst[0], c.exp_mismatches), max(worst[1], c.mant_err_mean), max(worst[2], c.mant_err_median)]
+            worst = [
+                max(worst[0], c.exp_mismatches),
+                max(worst[1], c.mant_err_mean),
+                max(worst[2], c.mant_err_median),
+            ]
         bad = [c for c in chunks if not c.passed]
         if bad:
             c = bad[0]
-            failures.append(CheckFailure("toploc", i, f"chunk {c.chunk}: {c.exp_mismatches}/{c.n_points} exponent mismatches, "
-                                                      f"mantissa error mean {c.mant_err_mean:.3g}, median {c.mant_err_median:.3g} "
-                                                      f"(limits {thresholds.max_exp_mismatches}, {thresholds.max_mant_err_mean}, "
-                                                      f"{thresholds.max_mant_err_median})"))
-    return _result("toploc", failures, max_exp_mismatches=worst[0], max_mant_err_mean=worst[1], max_mant_err_median=worst[2])
+            failures.append(
+                CheckFailure(
+                    "toploc",
+                    i,
+                    f"chunk {c.chunk}: {c.exp_mismatches}/{c.n_points} exponent mismatches, "
+                    f"mantissa error mean {c.mant_err_mean:.3g}, median {c.mant_err_median:.3g} "
+                    f"(limits {thresholds.max_exp_mismatches}, {thresholds.max_mant_err_mean}, "
+                    f"{thresholds.max_mant_err_median})",
+                )
+            )
+    return _result(
+        "toploc",
+        failures,
+        max_exp_mismatches=worst[0],
+        max_mant_err_mean=worst[1],
+        max_mant_err_median=worst[2],
+    )
 
 
 def check_logprobs(rows: Rows, stats: list[TokenStats], tolerance: float) -> CheckResult:
@@ -198,26 +346,60 @@ def check_logprobs(rows: Rows, stats: list[TokenStats], tolerance: float) -> Che
         worst = max(worst, float(diff.max()))
         if diff.max() > tolerance:
             t = int(diff.argmax())
-            failures.append(CheckFailure("logprobs", i, f"token {t}: reported logprob {reported[t]:.6g}, recomputed {s.logprobs[t]:.6g} "
-                                                        f"(tolerance {tolerance})"))
+            failures.append(
+                CheckFailure(
+                    "logprobs",
+                    i,
+                    f"token {t}: reported logprob {reported[t]:.6g}, recomputed {s.logprobs[t]:.6g} "
+                    f"(tolerance {tolerance})",
+                )
+            )
     return _result("logprobs", failures, max_abs_diff=worst)
 
 
-def check_sampling(replays: list[ReplayResult], statistics: SamplingStatistics, *, max_replay_misses: int,
-                   alpha: float) -> CheckResult:
+def check_sampling(
+    replays: list[ReplayResult],
+    statistics: SamplingStatistics,
+    *,
+    max_replay_misses: int,
+    alpha: float,
+) -> CheckResult:
     """Replay of every token from its seed, then the file-level surprisal and PIT tests."""
     failures = []
     for i, r in enumerate(replays):
         if r.misses > max_replay_misses:
-            failures.append(CheckFailure("sampling", i, f"{r.misses} tokens not drawn by the seed's inverse-CDF replay "
-                                                        f"(first at token {r.first_miss}, off by {r.worst_excess:.3g})"))
+            failures.append(
+                CheckFailure(
+                    "sampling",
+                    i,
+                    f"{r.misses} tokens not drawn by the seed's inverse-CDF replay "
+                    f"(first at token {r.first_miss}, off by {r.worst_excess:.3g})",
+                )
+            )
     if statistics.surprisal_p < alpha:
-        failures.append(CheckFailure("sampling", statistics.worst_sample,
-                                     f"surprisal z = {statistics.surprisal_z:.2f} over {statistics.tokens} tokens (p = {statistics.surprisal_p:.2g} "
-                                     f"< {alpha}); this sample's z = {statistics.worst_sample_z:.2f}"))
+        failures.append(
+            CheckFailure(
+                "sampling",
+                statistics.worst_sample,
+                f"surprisal z = {statistics.surprisal_z:.2f} over {statistics.tokens} tokens (p = {statistics.surprisal_p:.2g} "
+                f"< {alpha}); this sample's z = {statistics.worst_sample_z:.2f}",
+            )
+        )
     if statistics.pit_p < alpha:
-        failures.append(CheckFailure("sampling", None, f"probability-integral transform KS D = {statistics.pit_ks:.3f} over "
-                                                       f"{statistics.tokens} tokens (p = {statistics.pit_p:.2g} < {alpha})"))
+        failures.append(
+            CheckFailure(
+                "sampling",
+                None,
+                f"probability-integral transform KS D = {statistics.pit_ks:.3f} over "
+                f"{statistics.tokens} tokens (p = {statistics.pit_p:.2g} < {alpha})",
+            )
+        )
     worst_excess = max((r.worst_excess for r in replays), default=-math.inf)
-    return _result("sampling", failures, surprisal_z=statistics.surprisal_z, pit_ks=statistics.pit_ks, pit_p=statistics.pit_p,
-                   max_replay_excess=worst_excess)
+    return _result(
+        "sampling",
+        failures,
+        surprisal_z=statistics.surprisal_z,
+        pit_ks=statistics.pit_ks,
+        pit_p=statistics.pit_p,
+        max_replay_excess=worst_excess,
+    )

@@ -27,42 +27,90 @@ def _validate(args: argparse.Namespace) -> int:
             print("swarmrl validate: --fraction needs --secret-file", file=sys.stderr)
             return 2
         try:
-            chosen = selected_for_validation(file_hash(args.file), args.secret_file.read_bytes(), args.fraction)
+            chosen = selected_for_validation(
+                file_hash(args.file), args.secret_file.read_bytes(), args.fraction
+            )
         except OSError as exc:
             print(f"swarmrl validate: unusable: {exc}", file=sys.stderr)
             return 2
         if not chosen:
-            print(f"{args.file}: skipped: not among the {args.fraction:.0%} of files chosen for validation")
+            print(
+                f"{args.file}: skipped: not among the {args.fraction:.0%} of files chosen for validation"
+            )
             return 0
     chosen_settings = {"toploc": TOPLOC_PRESETS[args.toploc]}
     if args.min_eos_prob is not None:
         chosen_settings["min_eos_prob"] = args.min_eos_prob
     settings = ValidatorSettings(**chosen_settings)
-    verdict = validate_file(args.file, model_dir=args.model, config_path=args.config, settings=settings)
+    verdict = validate_file(
+        args.file, model_dir=args.model, config_path=args.config, settings=settings
+    )
     if args.json:
         print(verdict_json(verdict, args.file))
     else:
-        print(verdict_line(verdict, args.file), file=sys.stderr if verdict.status == "unusable" else sys.stdout)
+        print(
+            verdict_line(verdict, args.file),
+            file=sys.stderr if verdict.status == "unusable" else sys.stdout,
+        )
     return verdict.exit_code
 
 
 def register(subparsers) -> None:
     """Add `validate` to the `swarmrl` command's subparsers."""
     p = subparsers.add_parser(
-        "validate", help="check a rollout file (TOPLOC, sampling, termination, assignment, values); exit 0 accepted, 1 rejected, 2 unusable",
+        "validate",
+        help="check a rollout file (TOPLOC, sampling, termination, assignment, values); exit 0 accepted, 1 rejected, 2 unusable",
         description="Recompute every sample with one batched prefill of the claimed checkpoint and run the validator's checks "
-                    "(docs/validator.md). Exit code 0: accepted, 1: rejected (the reason names the check and sample), "
-                    "2: the input cannot be judged (unreadable file, wrong schema, malformed proofs, missing checkpoint or config).")
-    p.add_argument("file", type=Path, help="rollout Parquet file (<run>/rollouts/step_<n>/<address>-<counter>.parquet)")
-    p.add_argument("--model", type=Path, default=None, help="the claimed checkpoint directory [default: <run>/checkpoints/step_<policy_step>]")
-    p.add_argument("--config", type=Path, default=None, help="the run's config (JSON or TOML) [default: <run>/config.json]")
-    p.add_argument("--json", action="store_true", help="print the verdict as one JSON object (status, reason, failures, figures)")
+        "(docs/validator.md). Exit code 0: accepted, 1: rejected (the reason names the check and sample), "
+        "2: the input cannot be judged (unreadable file, wrong schema, malformed proofs, missing checkpoint or config).",
+    )
+    p.add_argument(
+        "file",
+        type=Path,
+        help="rollout Parquet file (<run>/rollouts/step_<n>/<address>-<counter>.parquet)",
+    )
+    p.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="the claimed checkpoint directory [default: <run>/checkpoints/step_<policy_step>]",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="the run's config (JSON or TOML) [default: <run>/config.json]",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the verdict as one JSON object (status, reason, failures, figures)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads for the prefill")
-    p.add_argument("--toploc", choices=["fp32", "paper"], default="fp32",
-                   help="TOPLOC thresholds: fp32 (calibrated on fp32 models, 8/0.5/1) or paper (bf16 GPUs, 38/10/8) [default: fp32]")
-    p.add_argument("--min-eos-prob", type=float, default=None, help="probability an ending EOS must exceed [default: 0.1]")
-    p.add_argument("--fraction", type=float, default=None, help="validate only this fraction of files, chosen by HMAC(secret, file hash); others exit 0 as skipped")
-    p.add_argument("--secret-file", type=Path, default=None, help="the validator's secret for --fraction (keep it from workers)")
+    p.add_argument(
+        "--toploc",
+        choices=["fp32", "paper"],
+        default="fp32",
+        help="TOPLOC thresholds: fp32 (calibrated on fp32 models, 8/0.5/1) or paper (bf16 GPUs, 38/10/8) [default: fp32]",
+    )
+    p.add_argument(
+        "--min-eos-prob",
+        type=float,
+        default=None,
+        help="probability an ending EOS must exceed [default: 0.1]",
+    )
+    p.add_argument(
+        "--fraction",
+        type=float,
+        default=None,
+        help="validate only this fraction of files, chosen by HMAC(secret, file hash); others exit 0 as skipped",
+    )
+    p.add_argument(
+        "--secret-file",
+        type=Path,
+        default=None,
+        help="the validator's secret for --fraction (keep it from workers)",
+    )
     p.set_defaults(func=_validate)
 
 

@@ -46,7 +46,9 @@ class TokenStats:
     """Per completion token of one sample, as recomputed by the validator."""
 
     hidden: torch.Tensor  # bf16 [n, hidden]
-    logprobs: np.ndarray  # float64 [n]: log softmax(logits / T) of the token (untruncated, as the worker records)
+    logprobs: (
+        np.ndarray
+    )  # float64 [n]: log softmax(logits / T) of the token (untruncated, as the worker records)
     eos_probs: np.ndarray  # float64 [n]: probability of EOS under the sampling distribution
     cdf_low: np.ndarray  # float64 [n]: the token's CDF interval in the sampler's order, normalized
     cdf_high: np.ndarray  # float64 [n]
@@ -57,8 +59,9 @@ class TokenStats:
     prob: np.ndarray  # float64 [n]: q(token)
 
 
-def _distribution_stats(logits: torch.Tensor, tokens: torch.Tensor, temperature: float, top_p: float,
-                        eos_id: int) -> dict[str, np.ndarray]:
+def _distribution_stats(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float, top_p: float, eos_id: int
+) -> dict[str, np.ndarray]:
     """Per row: the token's statistics under the sampler's distribution (see module docstring)."""
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
     token_logp = logp.gather(-1, tokens[:, None]).squeeze(-1).double()
@@ -103,9 +106,17 @@ def _distribution_stats(logits: torch.Tensor, tokens: torch.Tensor, temperature:
 
 
 @torch.inference_mode()
-def recompute(model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]], *,
-              temperature: float, top_p: float, eos_id: int, token_budget: int = 8192,
-              fast: bool | None = None) -> list[TokenStats]:
+def recompute(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    *,
+    temperature: float,
+    top_p: float,
+    eos_id: int,
+    token_budget: int = 8192,
+    fast: bool | None = None,
+) -> list[TokenStats]:
     """One ``TokenStats`` per sample; prompts and completions must be non-empty and in the vocabulary.
 
     Llama-family models take the fast decoder (``inference.fast_llama``: each distinct
@@ -116,7 +127,9 @@ def recompute(model: torch.nn.Module, prompts: list[list[int]], completions: lis
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
     use_fast = supports_fast_path(model) if fast is None else fast
     if use_fast:
-        states = continuation_states(fast_decoder(model), prompts, completions, token_budget=token_budget)
+        states = continuation_states(
+            fast_decoder(model), prompts, completions, token_budget=token_budget
+        )
     else:
         states = _forward_states(model, prompts, completions, token_budget)
     head = model.get_output_embeddings()
@@ -124,20 +137,32 @@ def recompute(model: torch.nn.Module, prompts: list[list[int]], completions: lis
     tokens = torch.cat([torch.tensor(c, dtype=torch.long) for c in completions])
     # The statistics hold a few float64 [rows, vocab] arrays: bound the rows per pass.
     rows = max(1, _STATS_ELEMENTS // head.weight.shape[0])
-    parts = [_distribution_stats(head(flat[i : i + rows]), tokens[i : i + rows], temperature, top_p, eos_id)
-             for i in range(0, len(tokens), rows)]
+    parts = [
+        _distribution_stats(
+            head(flat[i : i + rows]), tokens[i : i + rows], temperature, top_p, eos_id
+        )
+        for i in range(0, len(tokens), rows)
+    ]
     stats = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
     bf16 = flat.to(torch.bfloat16)
     results, start = [], 0
     for completion in completions:
         end = start + len(completion)
-        results.append(TokenStats(hidden=bf16[start:end].clone(), **{k: v[start:end] for k, v in stats.items()}))
+        results.append(
+            TokenStats(
+                hidden=bf16[start:end].clone(), **{k: v[start:end] for k, v in stats.items()}
+            )
+        )
         start = end
     return results
 
 
-def _forward_states(model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]],
-                    token_budget: int) -> list[torch.Tensor]:
+def _forward_states(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    token_budget: int,
+) -> list[torch.Tensor]:
     """Per sample, the final-norm states that drew each completion token (fp32), from the
     model's own forward over right-padded prompt + completion batches of similar length."""
     lengths = [len(p) + len(c) - 1 for p, c in zip(prompts, completions)]

@@ -55,7 +55,9 @@ def replay(stats: TokenStats, seed: int, tolerance: float) -> ReplayResult:
     u = sample_uniforms(seed, len(stats.cdf_low))
     excess = np.maximum(stats.cdf_low - u, u - stats.cdf_high)
     missed = np.flatnonzero(excess > tolerance)
-    return ReplayResult(int(missed.size), int(missed[0]) if missed.size else None, float(excess.max()))
+    return ReplayResult(
+        int(missed.size), int(missed[0]) if missed.size else None, float(excess.max())
+    )
 
 
 def _validator_uniforms(seed: int, n_tokens: int) -> np.ndarray:
@@ -65,7 +67,9 @@ def _validator_uniforms(seed: int, n_tokens: int) -> np.ndarray:
 
 def pit_values(stats: TokenStats, seed: int) -> np.ndarray:
     """Randomized probability-integral transform of each token (U(0, 1) when honest)."""
-    return np.clip(stats.rank_low + _validator_uniforms(seed, len(stats.prob)) * stats.prob, 0.0, 1.0)
+    return np.clip(
+        stats.rank_low + _validator_uniforms(seed, len(stats.prob)) * stats.prob, 0.0, 1.0
+    )
 
 
 def normal_two_sided_p(z: float) -> float:
@@ -105,9 +109,20 @@ def sampling_statistics(all_stats: list[TokenStats], seeds: list[int]) -> Sampli
     dev = np.concatenate([s.surprisal - s.entropy for s in all_stats])
     var = np.concatenate([s.surprisal_var for s in all_stats])
     z = float(dev.sum() / math.sqrt(max(var.sum(), 1e-12)))
-    per_sample = [float((s.surprisal - s.entropy).sum() / math.sqrt(max(s.surprisal_var.sum(), 1e-12)))
-                  for s in all_stats]
+    per_sample = [
+        float((s.surprisal - s.entropy).sum() / math.sqrt(max(s.surprisal_var.sum(), 1e-12)))
+        for s in all_stats
+    ]
     worst = int(np.argmax(np.abs(per_sample)))
-    d, p_ks = kolmogorov_p(np.concatenate([pit_values(s, seed) for s, seed in zip(all_stats, seeds)]))
-    return SamplingStatistics(tokens=len(dev), surprisal_z=z, surprisal_p=normal_two_sided_p(z), pit_ks=d,
-                              pit_p=p_ks, worst_sample=worst, worst_sample_z=per_sample[worst])
+    d, p_ks = kolmogorov_p(
+        np.concatenate([pit_values(s, seed) for s, seed in zip(all_stats, seeds)])
+    )
+    return SamplingStatistics(
+        tokens=len(dev),
+        surprisal_z=z,
+        surprisal_p=normal_two_sided_p(z),
+        pit_ks=d,
+        pit_p=p_ks,
+        worst_sample=worst,
+        worst_sample_z=per_sample[worst],
+    )

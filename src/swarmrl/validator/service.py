@@ -76,7 +76,9 @@ def read_verdicts(run_dir: Path) -> list[dict]:
 def verdict_counts(run_dir: Path) -> dict[str, int]:
     """Judged files by status (accepted, rejected, unusable, skipped)."""
     counts = Counter(v.get("status") for v in read_verdicts(run_dir))
-    return {status: counts.get(status, 0) for status in ("accepted", "rejected", "unusable", "skipped")}
+    return {
+        status: counts.get(status, 0) for status in ("accepted", "rejected", "unusable", "skipped")
+    }
 
 
 @dataclass
@@ -105,7 +107,11 @@ def judge(path: Path, cfg: RunConfig, policies: _Policies, settings: ValidatorSe
         low = max(0, meta.step - cfg.async_level)
         if not low <= policy_step <= meta.step:
             # Decidable without the checkpoint (which may never have existed, or be pruned).
-            failure = checks.CheckFailure("consistency", None, f"policy step {policy_step} outside [{low}, {meta.step}] for step {meta.step}")
+            failure = checks.CheckFailure(
+                "consistency",
+                None,
+                f"policy step {policy_step} outside [{low}, {meta.step}] for step {meta.step}",
+            )
             return rejected_or_accepted([checks.CheckResult("consistency", (failure,))], {})
         try:
             model, tokenizer = policies.get(policy_step)
@@ -113,7 +119,10 @@ def judge(path: Path, cfg: RunConfig, policies: _Policies, settings: ValidatorSe
             # The trainer keeps only the newest few checkpoints and may prune this one
             # before or even during the load: that is a skip, not a validator failure.
             if not checkpoint_dir(policies.ckpt_root, policy_step).is_dir():
-                return Verdict("skipped", f"skipped: checkpoint {policy_step} was pruned before the file was judged")
+                return Verdict(
+                    "skipped",
+                    f"skipped: checkpoint {policy_step} was pruned before the file was judged",
+                )
             raise
         return validate_rollouts(table, meta, model, tokenizer, cfg, settings)
     except UnusableInput as exc:
@@ -131,9 +140,14 @@ def run_validator(cfg: RunConfig) -> dict[str, int]:
     seen = {v["file"] for v in read_verdicts(run_dir)}
     passed: set[str] = set()  # files not chosen
     while True:
-        done = (run_dir / "trainer_done.json").exists()  # read before listing: no file can be missed
-        pending = [p for p in sorted((run_dir / "rollouts").glob("step_*/*.parquet"))
-                   if str(p) not in seen and str(p) not in passed]
+        done = (
+            run_dir / "trainer_done.json"
+        ).exists()  # read before listing: no file can be missed
+        pending = [
+            p
+            for p in sorted((run_dir / "rollouts").glob("step_*/*.parquet"))
+            if str(p) not in seen and str(p) not in passed
+        ]
         for path in pending:
             try:
                 chosen = selected_for_validation(file_hash(path), secret, cfg.validator.fraction)
@@ -144,8 +158,13 @@ def run_validator(cfg: RunConfig) -> dict[str, int]:
                 continue
             start = time.perf_counter()
             verdict = judge(path, cfg, policies, settings)
-            record = {"file": str(path), "status": verdict.status, "reason": verdict.reason,
-                      "failed_checks": verdict.failed_checks, "seconds": round(time.perf_counter() - start, 3)}
+            record = {
+                "file": str(path),
+                "status": verdict.status,
+                "reason": verdict.reason,
+                "failed_checks": verdict.failed_checks,
+                "seconds": round(time.perf_counter() - start, 3),
+            }
             with open(out_path, "a") as fh:
                 fh.write(json.dumps(record) + "\n")
             seen.add(str(path))

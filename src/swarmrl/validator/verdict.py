@@ -53,14 +53,38 @@ class ValidatorSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    toploc: ToplocThresholds = Field(FP32_TOPLOC, description="TOPLOC chunk thresholds (default: calibrated for fp32; PAPER_TOPLOC for bf16)")
-    logprob_tolerance: float = Field(1e-3, ge=0, description="largest |reported - recomputed| logprob (nats) of any token")
-    replay_tolerance: float = Field(1e-3, ge=0, description="slack on the CDF interval a token's seed uniform must fall in (numerical drift)")
-    max_replay_misses: int = Field(0, ge=0, description="tokens per sample allowed outside their replayed CDF interval")
-    min_eos_prob: float = Field(0.1, ge=0, le=1, description="an EOS that ends a sample must have had at least this probability ...")
-    replay_exempts_eos: bool = Field(True, description="... unless the seed replay confirms the worker drew it (an honest draw)")
-    sampling_alpha: float = Field(1e-6, gt=0, lt=1, description="false-reject rate of each file-level sampling test")
-    value_tolerance: float = Field(1e-5, ge=0, description="largest |stored - recomputed| reward, penalty or (relative) advantage")
+    toploc: ToplocThresholds = Field(
+        FP32_TOPLOC,
+        description="TOPLOC chunk thresholds (default: calibrated for fp32; PAPER_TOPLOC for bf16)",
+    )
+    logprob_tolerance: float = Field(
+        1e-3, ge=0, description="largest |reported - recomputed| logprob (nats) of any token"
+    )
+    replay_tolerance: float = Field(
+        1e-3,
+        ge=0,
+        description="slack on the CDF interval a token's seed uniform must fall in (numerical drift)",
+    )
+    max_replay_misses: int = Field(
+        0, ge=0, description="tokens per sample allowed outside their replayed CDF interval"
+    )
+    min_eos_prob: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="an EOS that ends a sample must have had at least this probability ...",
+    )
+    replay_exempts_eos: bool = Field(
+        True, description="... unless the seed replay confirms the worker drew it (an honest draw)"
+    )
+    sampling_alpha: float = Field(
+        1e-6, gt=0, lt=1, description="false-reject rate of each file-level sampling test"
+    )
+    value_tolerance: float = Field(
+        1e-5,
+        ge=0,
+        description="largest |stored - recomputed| reward, penalty or (relative) advantage",
+    )
     token_budget: int = Field(16384, ge=1, description="padded tokens per prefill batch")
 
 
@@ -84,8 +108,13 @@ class Verdict:
         return sorted({f.check for f in self.failures}, key=checks.CHECK_ORDER.index)
 
     def to_json(self) -> dict:
-        return {"status": self.status, "reason": self.reason, "failed_checks": self.failed_checks,
-                "failures": [asdict(f) for f in self.failures], "figures": self.figures}
+        return {
+            "status": self.status,
+            "reason": self.reason,
+            "failed_checks": self.failed_checks,
+            "failures": [asdict(f) for f in self.failures],
+            "figures": self.figures,
+        }
 
 
 def selected_for_validation(file_hash: str, secret: bytes, fraction: float) -> bool:
@@ -100,20 +129,33 @@ def selected_for_validation(file_hash: str, secret: bytes, fraction: float) -> b
 
 
 def rows_from_table(table: pa.Table) -> checks.Rows:
-    return checks.Rows(**{name: table.column(name).to_pylist() for name in checks.Rows.__dataclass_fields__})
+    return checks.Rows(
+        **{name: table.column(name).to_pylist() for name in checks.Rows.__dataclass_fields__}
+    )
 
 
-def _expected_prompts(cfg: RunConfig, meta: RolloutMeta, task, tokenizer) -> tuple[list[checks.ExpectedPrompt], dict]:
+def _expected_prompts(
+    cfg: RunConfig, meta: RolloutMeta, task, tokenizer
+) -> tuple[list[checks.ExpectedPrompt], dict]:
     """Row by row, what the assignment seed gives; and the assigned problems by id."""
-    plan = assign(cfg.seed, meta.worker_address, meta.step, meta.submission, num_problems=task.num_train(),
-                  prompts=cfg.worker.prompts_per_file, group_size=cfg.sampling.group_size,
-                  target_lengths=cfg.task.target_lengths)
+    plan = assign(
+        cfg.seed,
+        meta.worker_address,
+        meta.step,
+        meta.submission,
+        num_problems=task.num_train(),
+        prompts=cfg.worker.prompts_per_file,
+        group_size=cfg.sampling.group_size,
+        target_lengths=cfg.task.target_lengths,
+    )
     expected, problems = [], {}
     for index, target, seeds in zip(plan.problem_indices, plan.target_lengths, plan.sample_seeds):
         problem = task.train_problem(index)
         problems[problem.problem_id] = problem
         ids = tokenizer(task.render_prompt(problem, target if target >= 0 else None))["input_ids"]
-        expected.extend(checks.ExpectedPrompt(problem.problem_id, ids, target, seed) for seed in seeds)
+        expected.extend(
+            checks.ExpectedPrompt(problem.problem_id, ids, target, seed) for seed in seeds
+        )
     return expected, problems
 
 
@@ -125,30 +167,57 @@ def rejected_or_accepted(results: list[checks.CheckResult], figures: dict) -> Ve
     where = f"sample {first.sample}" if first.sample is not None else "file"
     also = [name for name in dict.fromkeys(f.check for f in failures) if name != first.check]
     tail = f" (also failing: {', '.join(also)})" if also else ""
-    return Verdict("rejected", f"rejected: {first.check}: {where}: {first.detail}{tail}", failures, figures)
+    return Verdict(
+        "rejected", f"rejected: {first.check}: {where}: {first.detail}{tail}", failures, figures
+    )
 
 
-def validate_rollouts(table: pa.Table, meta: RolloutMeta, model, tokenizer, cfg: RunConfig,
-                      settings: ValidatorSettings = ValidatorSettings()) -> Verdict:
+def validate_rollouts(
+    table: pa.Table,
+    meta: RolloutMeta,
+    model,
+    tokenizer,
+    cfg: RunConfig,
+    settings: ValidatorSettings = ValidatorSettings(),
+) -> Verdict:
     """Run every check on a schema-checked table (from ``read_rollouts``) with the claimed policy loaded."""
     start = time.perf_counter()
     rows = rows_from_table(table)
     task = build_task(cfg.task)
     eos_id = tokenizer.eos_token_id
     group = cfg.sampling.group_size
-    results = [checks.check_consistency(
-        rows, step=meta.step, async_level=cfg.async_level, group_size=group, prompts=cfg.worker.prompts_per_file,
-        max_new_tokens=cfg.sampling.max_new_tokens, vocab_size=model.config.vocab_size, run_id=meta.run_id,
-        expected_run_id=cfg.run_name, num_nonzero=meta.num_nonzero)]
+    results = [
+        checks.check_consistency(
+            rows,
+            step=meta.step,
+            async_level=cfg.async_level,
+            group_size=group,
+            prompts=cfg.worker.prompts_per_file,
+            max_new_tokens=cfg.sampling.max_new_tokens,
+            vocab_size=model.config.vocab_size,
+            run_id=meta.run_id,
+            expected_run_id=cfg.run_name,
+            num_nonzero=meta.num_nonzero,
+        )
+    ]
     expected, problems = _expected_prompts(cfg, meta, task, tokenizer)
     results.append(checks.check_assignment(rows, expected))
     if not results[1].passed:
         # Rewards are only meaningful for the assigned problems; the assignment failure is the verdict.
         return rejected_or_accepted(results, {"samples": len(rows)})
-    task_rewards = [task.score(problems[pid], completion_text(tokenizer, out, eos_id))
-                    for pid, out in zip(rows.problem_id, rows.output_tokens)]
-    results.append(checks.check_values(rows, task_rewards, alpha=cfg.task.length_penalty, group_size=group,
-                                       tolerance=settings.value_tolerance))
+    task_rewards = [
+        task.score(problems[pid], completion_text(tokenizer, out, eos_id))
+        for pid, out in zip(rows.problem_id, rows.output_tokens)
+    ]
+    results.append(
+        checks.check_values(
+            rows,
+            task_rewards,
+            alpha=cfg.task.length_penalty,
+            group_size=group,
+            tolerance=settings.value_tolerance,
+        )
+    )
     if not results[0].passed:
         # Token ids or shapes the model cannot take: the consistency failure is the verdict.
         return rejected_or_accepted(results, {"samples": len(rows)})
@@ -162,18 +231,44 @@ def validate_rollouts(table: pa.Table, meta: RolloutMeta, model, tokenizer, cfg:
             raise UnusableInput(f"malformed proofs in sample {i}: {exc}") from None
 
     prefill_start = time.perf_counter()
-    stats = recompute(model, rows.input_tokens, rows.output_tokens, temperature=cfg.sampling.temperature,
-                      top_p=cfg.sampling.top_p, eos_id=eos_id, token_budget=settings.token_budget)
+    stats = recompute(
+        model,
+        rows.input_tokens,
+        rows.output_tokens,
+        temperature=cfg.sampling.temperature,
+        top_p=cfg.sampling.top_p,
+        eos_id=eos_id,
+        token_budget=settings.token_budget,
+    )
     prefill_seconds = time.perf_counter() - prefill_start
     replays = [replay(s, seed, settings.replay_tolerance) for s, seed in zip(stats, rows.seed)]
-    results.append(checks.check_termination(rows, stats, replays, eos_id=eos_id, max_new_tokens=cfg.sampling.max_new_tokens,
-                                            min_eos_prob=settings.min_eos_prob, replay_exempts_eos=settings.replay_exempts_eos))
+    results.append(
+        checks.check_termination(
+            rows,
+            stats,
+            replays,
+            eos_id=eos_id,
+            max_new_tokens=cfg.sampling.max_new_tokens,
+            min_eos_prob=settings.min_eos_prob,
+            replay_exempts_eos=settings.replay_exempts_eos,
+        )
+    )
     results.append(checks.check_toploc([s.hidden for s in stats], proofs, settings.toploc))
     results.append(checks.check_logprobs(rows, stats, settings.logprob_tolerance))
-    results.append(checks.check_sampling(replays, sampling_statistics(stats, rows.seed),
-                                         max_replay_misses=settings.max_replay_misses, alpha=settings.sampling_alpha))
-    figures = {"samples": len(rows), "completion_tokens": sum(map(len, rows.output_tokens)),
-               "prefill_seconds": round(prefill_seconds, 4), "seconds": round(time.perf_counter() - start, 4)}
+    results.append(
+        checks.check_sampling(
+            replays,
+            sampling_statistics(stats, rows.seed),
+            max_replay_misses=settings.max_replay_misses,
+            alpha=settings.sampling_alpha,
+        )
+    )
+    figures = {
+        "samples": len(rows),
+        "completion_tokens": sum(map(len, rows.output_tokens)),
+        "prefill_seconds": round(prefill_seconds, 4),
+        "seconds": round(time.perf_counter() - start, 4),
+    }
     for r in results:
         figures.update({f"{r.name}.{k}": v for k, v in r.figures.items()})
     return rejected_or_accepted(results, figures)
@@ -199,18 +294,27 @@ def _load(path: Path, model_dir: Path | None, config_path: Path | None):
     except ConfigError as exc:
         raise UnusableInput(f"{exc} (pass --config)") from None
     policy_step = table.column("policy_step")[0].as_py()
-    model_dir = Path(model_dir) if model_dir else run_dir / "checkpoints" / f"step_{policy_step:06d}"
+    model_dir = (
+        Path(model_dir) if model_dir else run_dir / "checkpoints" / f"step_{policy_step:06d}"
+    )
     from swarmrl.checkpoints import load_policy
 
     try:
         model, tokenizer = load_policy(model_dir)
     except (OSError, ValueError) as exc:
-        raise UnusableInput(f"cannot load the claimed checkpoint {model_dir}: {str(exc).splitlines()[0]} (pass --model)") from None
+        raise UnusableInput(
+            f"cannot load the claimed checkpoint {model_dir}: {str(exc).splitlines()[0]} (pass --model)"
+        ) from None
     return table, meta, model, tokenizer, cfg
 
 
-def validate_file(path: Path, *, model_dir: Path | None = None, config_path: Path | None = None,
-                  settings: ValidatorSettings = ValidatorSettings()) -> Verdict:
+def validate_file(
+    path: Path,
+    *,
+    model_dir: Path | None = None,
+    config_path: Path | None = None,
+    settings: ValidatorSettings = ValidatorSettings(),
+) -> Verdict:
     """Validate one rollout file from disk; never raises for bad input (the verdict says 'unusable')."""
     try:
         table, meta, model, tokenizer, cfg = _load(Path(path), model_dir, config_path)
