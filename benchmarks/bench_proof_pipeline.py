@@ -142,7 +142,7 @@ def main() -> None:
                 gens[mode].append(gen / args.files)
                 if mode != "none":
                     proof_cpu[mode].append(proof / gen)
-    floor = statistics.median(walls["none"])
+    statistics.median(walls["none"])
     gen_time = statistics.median(gens["none"])
     result = {
         "files": args.files * args.rounds,
@@ -154,7 +154,8 @@ def main() -> None:
         **{
             f"{m}_overhead_share": round(
                 statistics.median(
-                    (w - w0) / g0 for w, w0, g0 in zip(walls[m], walls["none"], gens["none"])
+                    (w - w0) / g0
+                    for w, w0, g0 in zip(walls[m], walls["none"], gens["none"], strict=True)
                 ),
                 4,
             )

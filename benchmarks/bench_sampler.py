@@ -100,7 +100,7 @@ def main() -> None:
             start = time.perf_counter()
             tokens = fn(r + 1)
             rates[name].append(tokens / (time.perf_counter() - start))
-    ratios = [o / g for o, g in zip(rates["ours"], rates["generate"])]
+    ratios = [o / g for o, g in zip(rates["ours"], rates["generate"], strict=True)]
     ours_rate, hf_rate = statistics.median(rates["ours"]), statistics.median(rates["generate"])
     print(
         f"model {model_dir}, batch {len(prompts)} ({len(distinct)} prompts x {args.group}), "

@@ -166,10 +166,10 @@ def main() -> int:
                 times[name].append(timed(runs[name], work / "out"))
             print("  repeat", r + 1, {k: round(v[-1], 3) for k, v in times.items()}, flush=True)
         vs_ref = statistics.median(
-            ref / ours for ref, ours in zip(times["reference"], times["ours"])
+            ref / ours for ref, ours in zip(times["reference"], times["ours"], strict=True)
         )
         vs_plain = statistics.median(
-            plain / ours for plain, ours in zip(times["plain"], times["ours"])
+            plain / ours for plain, ours in zip(times["plain"], times["ours"], strict=True)
         )
         results.update(
             {
@@ -223,7 +223,7 @@ def main() -> int:
         ]
         outputs = [c.communicate() for c in clients]
         tree_s = time.perf_counter() - start
-        for (out_text, err_text), c in zip(outputs, clients):
+        for (_out_text, err_text), c in zip(outputs, clients, strict=True):
             if c.returncode != 0:
                 raise RuntimeError(f"a tree client failed: {err_text[-2000:]}")
         origin_bytes = shard_bytes(url) - before

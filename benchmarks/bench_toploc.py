@@ -85,7 +85,7 @@ def bench_file(repeats: int) -> dict[str, float]:
         "build, per sequence": median_ms(lambda: [build_proofs(h) for h in hidden], repeats),
         "verify, batched": median_ms(lambda: verify_proofs_batch(hidden, proofs), repeats),
         "verify, per sequence": median_ms(
-            lambda: [verify_proofs(h, p) for h, p in zip(hidden, proofs)], repeats
+            lambda: [verify_proofs(h, p) for h, p in zip(hidden, proofs, strict=True)], repeats
         ),
     }
     print(

@@ -125,13 +125,13 @@ def main() -> None:
             hidden = [s.hidden for s in stats]
             split = [
                 bytes_to_proofs(p, n_tokens=len(out), hidden_size=model.config.hidden_size)
-                for p, out in zip(proofs, cols["output_tokens"])
+                for p, out in zip(proofs, cols["output_tokens"], strict=True)
             ]
             start = time.perf_counter()
             verify_proofs_batch(hidden, split)
             verify_batched = time.perf_counter() - start
             start = time.perf_counter()
-            [verify_proofs(h, p) for h, p in zip(hidden, split)]
+            [verify_proofs(h, p) for h, p in zip(hidden, split, strict=True)]
             verify_per_sample = time.perf_counter() - start
             start = time.perf_counter()
             verdict = validate_rollouts(table, meta, model, tok, cfg)

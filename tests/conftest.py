@@ -16,18 +16,18 @@ def random_model(kind: str = "llama", hidden: int = 64, layers: int = 2, seed: i
     """A random-init tiny causal LM with the char tokenizer."""
     tok = build_char_tokenizer()
     torch.manual_seed(seed)
-    common = dict(
-        vocab_size=len(tok),
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
+    common = {
+        "vocab_size": len(tok),
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "pad_token_id": tok.pad_token_id,
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+    }
     model = (
         LlamaForCausalLM(LlamaConfig(**common))
         if kind == "llama"

@@ -41,7 +41,7 @@ def test_demonstrations_are_imperfect_at_the_configured_rate():
     rng = random.Random(1)
     problems = [task.train_problem(rng.randrange(task.num_train())) for _ in range(2000)]
     demos = [task.demonstration(p, rng, carry_drop=0.6, verbose_prob=0.5) for p in problems]
-    right = sum(task.score(p, d) for p, d in zip(problems, demos)) / len(demos)
+    right = sum(task.score(p, d) for p, d in zip(problems, demos, strict=True)) / len(demos)
     verbose = sum(":" in d for d in demos) / len(demos)
     assert 0.25 < right < 0.6
     assert 0.45 < verbose < 0.55

@@ -18,7 +18,7 @@ def test_fast_path_matches_generic_path_and_full_forward(kind):
     prompts, seeds = PROMPTS * 3, list(range(12))
     fast = sample(model, prompts, seeds, params, pad_id=0, fast=True)
     slow = sample(model, prompts, seeds, params, pad_id=0, fast=False)
-    for a, b, prompt in zip(fast, slow, prompts):
+    for a, b, prompt in zip(fast, slow, prompts, strict=True):
         assert a.tokens == b.tokens
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
         # The recorded hidden rows are the final-norm states that produced each token:
@@ -38,7 +38,7 @@ def test_samples_do_not_depend_on_batch_composition():
     params = SamplingParams(temperature=0.8, max_new_tokens=16, eos_token_id=tok.eos_token_id)
     alone = sample(model, [PROMPTS[2]], [42], params, pad_id=0)[0]
     crowd = sample(
-        model, PROMPTS + [PROMPTS[2]] + PROMPTS, [1, 2, 3, 4, 42, 5, 6, 7, 8], params, pad_id=0
+        model, [*PROMPTS, PROMPTS[2], *PROMPTS], [1, 2, 3, 4, 42, 5, 6, 7, 8], params, pad_id=0
     )[4]
     assert alone.tokens == crowd.tokens
 
@@ -73,7 +73,7 @@ def test_rows_leaving_the_batch_and_cache_growth_change_nothing(warm_model_dir):
     # For this test to mean anything, an eighth of the rows must end at least 4 steps
     # before the last one (the fast path then drops them) and the cache must grow.
     assert sum(n <= max(lengths) - 4 for n in lengths) * 8 >= len(lengths), sorted(lengths)
-    for a, b in zip(fast, slow):
+    for a, b in zip(fast, slow, strict=True):
         assert a.tokens == b.tokens and a.stopped_on_eos == b.stopped_on_eos
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
         assert torch.allclose(a.hidden.float(), b.hidden.float(), atol=2e-2)
@@ -129,7 +129,7 @@ def test_any_causal_lm_runs_on_the_generic_path(tmp_path):
     params = SamplingParams(temperature=1.0, max_new_tokens=12, eos_token_id=tok.eos_token_id)
     prompts = [tok("12+34 think 32\n")["input_ids"], tok("5+6\n")["input_ids"]]
     gens = sample(model, prompts, [3, 4], params, pad_id=tok.pad_token_id)
-    for prompt, gen in zip(prompts, gens):
+    for prompt, gen in zip(prompts, gens, strict=True):
         with torch.no_grad():
             out = model(input_ids=torch.tensor([prompt + gen.tokens]), output_hidden_states=True)
         rows = slice(len(prompt) - 1, len(prompt) - 1 + len(gen.tokens))
@@ -161,7 +161,7 @@ def test_teacher_forced_states_match_the_models_own_forward(kind):
     states = continuation_states(
         fast_decoder(model), prompts, completions, max_rows=2, token_budget=8
     )
-    for prompt, completion, got in zip(prompts, completions, states):
+    for prompt, completion, got in zip(prompts, completions, states, strict=True):
         with torch.no_grad():
             full = model.model(
                 input_ids=torch.tensor([prompt + completion[:-1]])

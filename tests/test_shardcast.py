@@ -51,9 +51,9 @@ def make_checkpoint(path: Path, seed: int = 0, size: int = 600_000) -> Path:
 
 
 def same_tree(a: Path, b: Path) -> bool:
-    files = lambda root: {
-        p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file()
-    }
+    def files(root):
+        return {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
     return files(a) == files(b)
 
 
@@ -264,7 +264,7 @@ def test_fetch_resumes_a_partial_download(origin, tmp_path):
 
 
 def test_relay_killed_mid_download_client_finishes_from_the_other(origin, tmp_path):
-    publisher, server, checkpoint = origin
+    _publisher, server, checkpoint = origin
     relays = [spawn_relay(server.url, tmp_path / f"relay{i}") for i in range(2)]
     try:
         for _, url in relays:

@@ -129,10 +129,10 @@ def _oracle_proof(chunk: torch.Tensor, topk: int) -> bytes:
         basis, denominator = [1], 1
         for i in range(k):
             if i != j:
-                basis = [(a - xs[i] * b) % P for a, b in zip([0, *basis], [*basis, 0])]
+                basis = [(a - xs[i] * b) % P for a, b in zip([0, *basis], [*basis, 0], strict=True)]
                 denominator = denominator * (xs[j] - xs[i]) % P
         scale = ys[j] * pow(denominator, P - 2, P) % P
-        coeffs = [(c + scale * b) % P for c, b in zip(coeffs, basis)]
+        coeffs = [(c + scale * b) % P for c, b in zip(coeffs, basis, strict=True)]
     return b"".join(v.to_bytes(2, "big") for v in [m, *coeffs])
 
 
@@ -242,7 +242,7 @@ def test_batch_matches_the_definition_chunk_by_chunk(hidden: int, lengths: list[
     assert batch == [_chunk_by_chunk_proofs(x) for x in sequences]
     assert [build_proofs(x) for x in sequences] == batch
     checks = verify_proofs_batch(sequences, batch)
-    assert checks == [verify_proofs(x, p) for x, p in zip(sequences, batch)]
+    assert checks == [verify_proofs(x, p) for x, p in zip(sequences, batch, strict=True)]
     assert all(c.passed and c.exp_mismatches == 0 for seq in checks for c in seq)
 
 
@@ -522,7 +522,9 @@ def test_encode_proofs_is_encode_proof_row_by_row() -> None:
     rng = np.random.default_rng(0)
     moduli, coeffs = np.array([P, 7, 100, 65000]), rng.integers(0, P, size=(4, 7))
     coeffs[0] = P - 1
-    assert encode_proofs(moduli, coeffs) == [encode_proof(m, c) for m, c in zip(moduli, coeffs)]
+    assert encode_proofs(moduli, coeffs) == [
+        encode_proof(m, c) for m, c in zip(moduli, coeffs, strict=True)
+    ]
     assert encode_proofs(np.zeros(0), np.zeros((0, 128))) == []
     with pytest.raises(ProofFormatError, match="cannot be distinct mod 3"):
         encode_proofs([P, 3], np.ones((2, 4), dtype=np.int64))

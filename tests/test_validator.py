@@ -72,7 +72,7 @@ def _rows(
         output_logprobs=[[0.0] * k for k in lengths],
         rewards=rewards,
         task_rewards=task_rewards,
-        length_penalties=[0.02 * abs(t - k) for t, k in zip(targets, lengths)],
+        length_penalties=[0.02 * abs(t - k) for t, k in zip(targets, lengths, strict=True)],
         advantages=group_advantages(rewards).tolist(),
         target_lengths=targets,
         policy_step=[0] * n,
@@ -83,7 +83,7 @@ def _rows(
 
 def test_values_check_recomputes_penalties_rewards_and_advantages():
     lengths, targets, task = [30, 40, 32, 44], [32, 32, 32, 44], [1.0, 0.0, 1.0, 0.0]
-    honest_rewards = [t - 0.02 * abs(g - k) for t, g, k in zip(task, targets, lengths)]
+    honest_rewards = [t - 0.02 * abs(g - k) for t, g, k in zip(task, targets, lengths, strict=True)]
     assert checks.check_values(
         _rows(honest_rewards, task, targets, lengths),
         task,
@@ -117,17 +117,17 @@ def test_values_check_recomputes_penalties_rewards_and_advantages():
 def test_consistency_check_bounds_policy_step_and_groups():
     rows = _rows([0.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 1.0], [32] * 4, [3] * 4)
     rows = checks.Rows(**{**rows.__dict__, "policy_step": [4] * 4})
-    ok = dict(
-        step=5,
-        async_level=2,
-        group_size=4,
-        prompts=1,
-        max_new_tokens=48,
-        vocab_size=10,
-        run_id="r",
-        expected_run_id="r",
-        num_nonzero=4,
-    )
+    ok = {
+        "step": 5,
+        "async_level": 2,
+        "group_size": 4,
+        "prompts": 1,
+        "max_new_tokens": 48,
+        "vocab_size": 10,
+        "run_id": "r",
+        "expected_run_id": "r",
+        "num_nonzero": 4,
+    }
     assert checks.check_consistency(rows, **ok).passed
     stale = checks.Rows(**{**rows.__dict__, "policy_step": [2] * 4})
     assert "outside [3, 5]" in checks.check_consistency(stale, **ok).failures[0].detail

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
+import operator
 import os
 import subprocess
 import sys
@@ -132,7 +134,9 @@ def rescore(s: Swarm, cols: dict) -> dict:
         a, b = (int(x) for x in pid.split("-")[1:])  # arithmetic ids are add-<a>-<b>
         problems[pid] = Problem(pid, f"{a}+{b}", str(a + b))
     cols["task_rewards"], cols["length_penalties"], cols["rewards"] = [], [], []
-    for pid, out, target in zip(cols["problem_id"], cols["output_tokens"], cols["target_lengths"]):
+    for pid, out, target in zip(
+        cols["problem_id"], cols["output_tokens"], cols["target_lengths"], strict=True
+    ):
         r = score_sample(
             s.task.score(problems[pid], completion_text(s.tok, out, s.tok.eos_token_id)),
             target,
@@ -175,7 +179,7 @@ def resample_group(s: Swarm, cols: dict, group: int, prompt_ids: list[int], mode
         s.params,
         pad_id=s.tok.pad_token_id,
     )
-    for i, gen in zip(rows, gens):
+    for i, gen in zip(rows, gens, strict=True):
         cols["input_tokens"][i] = prompt_ids
         cols["output_tokens"][i] = gen.tokens
         cols["output_logprobs"][i] = gen.logprobs.tolist()
@@ -309,7 +313,7 @@ def test_early_stop_on_low_probability_eos(swarm, honest):
         for i, st in enumerate(stats)
         if (st.eos_probs[5:-1] < 0.01).any()
     )
-    cols["output_tokens"][victim] = cols["output_tokens"][victim][:cut] + [swarm.tok.eos_token_id]
+    cols["output_tokens"][victim] = [*cols["output_tokens"][victim][:cut], swarm.tok.eos_token_id]
     cols = rescore(swarm, prove_by_prefill(swarm, cols))
     verdict = judge(swarm, write(swarm, 0, cols, "early.parquet"))
     assert_rejected(verdict, "termination")
@@ -463,9 +467,13 @@ def test_honest_workers_are_never_rejected(swarm):
             plans_ = [assignment(swarm, counter + k) for k in range(files)]
             merged = Assignment(
                 seed=0,
-                problem_indices=sum((p.problem_indices for p in plans_), []),
-                target_lengths=sum((p.target_lengths for p in plans_), []),
-                sample_seeds=sum((p.sample_seeds for p in plans_), []),
+                problem_indices=functools.reduce(
+                    operator.iadd, (p.problem_indices for p in plans_), []
+                ),
+                target_lengths=functools.reduce(
+                    operator.iadd, (p.target_lengths for p in plans_), []
+                ),
+                sample_seeds=functools.reduce(operator.iadd, (p.sample_seeds for p in plans_), []),
             )
             cols = generate_rollouts(
                 swarm.model,

@@ -50,7 +50,7 @@ def test_deferred_proofs_equal_inline_proofs():
     attach_proofs(deferred)
     assert deferred.columns["proofs"] == inline.columns["proofs"]
     assert deferred.proof_seconds > 0
-    for gen, data in zip(deferred.generations, deferred.columns["proofs"]):
+    for gen, data in zip(deferred.generations, deferred.columns["proofs"], strict=True):
         split = bytes_to_proofs(data, n_tokens=len(gen.tokens), hidden_size=gen.hidden.shape[1])
         assert proofs_to_bytes(split) == proofs_to_bytes(build_proofs(gen.hidden))
 

@@ -36,10 +36,13 @@ def evaluate(model_dir: Path, task: Task, cfg: RunConfig, batch_size: int = 256)
             targets[stable_hash("target|" + p.problem_id) % len(targets)] if targets else None
             for p in chunk
         ]
-        prompts = [tok(task.render_prompt(p, t))["input_ids"] for p, t in zip(chunk, chunk_targets)]
+        prompts = [
+            tok(task.render_prompt(p, t))["input_ids"]
+            for p, t in zip(chunk, chunk_targets, strict=True)
+        ]
         seeds = [stable_hash("eval|" + p.problem_id) >> 1 for p in chunk]
         gens = sample(model, prompts, seeds, params, pad_id=tok.pad_token_id, capture_hidden=False)
-        for problem, target, gen in zip(chunk, chunk_targets, gens):
+        for problem, target, gen in zip(chunk, chunk_targets, gens, strict=True):
             correct.append(task.score(problem, completion_text(tok, gen.tokens, tok.eos_token_id)))
             lengths.append(len(gen.tokens))
             if target is not None:

@@ -70,7 +70,7 @@ def _stacked(*linears: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | No
     return weight, torch.cat(
         [
             b if b is not None else torch.zeros(lin.weight.shape[0], dtype=weight.dtype)
-            for b, lin in zip(biases, linears)
+            for b, lin in zip(biases, linears, strict=True)
         ]
     )
 
@@ -170,7 +170,7 @@ class FastLlama:
         end = start + t
         nq, nkv, hd = self.n_heads, self.n_kv, self.head_dim
         gqa = nkv != nq
-        for w, (k_cache, v_cache) in zip(self.layers, cache):
+        for w, (k_cache, v_cache) in zip(self.layers, cache, strict=True):
             h = self._rms(w.ln1, w.ln1_eps, x)
             qkv = F.linear(h, *w.qkv).view(b, t, nq + 2 * nkv, hd).transpose(1, 2)
             qk = self._rope(qkv[:, : nq + nkv], rotary)  # one rotary pass for queries and keys

@@ -52,7 +52,9 @@ def generate_rollouts(
     """
     problems = [task.train_problem(i) for i in assignment.problem_indices]
     prompts, seeds, owners = [], [], []
-    for p_idx, (problem, target) in enumerate(zip(problems, assignment.target_lengths)):
+    for p_idx, (problem, target) in enumerate(
+        zip(problems, assignment.target_lengths, strict=True)
+    ):
         ids = tokenizer(task.render_prompt(problem, target if target >= 0 else None))["input_ids"]
         for s in assignment.sample_seeds[p_idx]:
             prompts.append(ids)
@@ -82,7 +84,7 @@ def generate_rollouts(
         )
     }
     rewards = []
-    for gen, p_idx, prompt, seed in zip(gens, owners, prompts, seeds):
+    for gen, p_idx, prompt, seed in zip(gens, owners, prompts, seeds, strict=True):
         problem, target = problems[p_idx], assignment.target_lengths[p_idx]
         text = completion_text(tokenizer, gen.tokens, params.eos_token_id)
         reward = score_sample(task.score(problem, text), target, len(gen.tokens), length_penalty)

@@ -82,7 +82,7 @@ def _demo_batch(task: ArithmeticTask, tok, recipe: WarmStartRecipe, rng: random.
     width = max(map(len, seqs))
     ids = torch.full((len(seqs), width), tok.pad_token_id, dtype=torch.long)
     loss_mask = torch.zeros(len(seqs), width)
-    for i, (s, m) in enumerate(zip(seqs, masks)):
+    for i, (s, m) in enumerate(zip(seqs, masks, strict=True)):
         ids[i, : len(s)] = torch.tensor(s)
         loss_mask[i, : len(s)] = torch.tensor(m)
     return ids, loss_mask

@@ -20,6 +20,8 @@ topk. ``chunk_points`` gives those lengths, ``bytes_to_proofs`` splits and check
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from swarmrl.toploc.gf import P
@@ -157,7 +159,7 @@ def bytes_to_proofs(
             f"({len(lengths)} chunk proofs)"
         )
     bounds = np.cumsum([0, *lengths])
-    pieces = [bytes(data[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    pieces = [bytes(data[a:b]) for a, b in itertools.pairwise(bounds)]
     for i, piece in enumerate(pieces):
         parse_proof(piece, i)
     return pieces

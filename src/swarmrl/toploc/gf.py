@@ -374,7 +374,7 @@ def injective_modulus(indices: np.ndarray, n_values: int) -> np.ndarray:
     Raises ValueError if no m >= k exists (only a deliberately crafted chunk could).
     """
     indices = np.asarray(indices, dtype=np.int64)
-    batch, k = indices.shape
+    batch, _k = indices.shape
     result = np.full(batch, P, dtype=np.int64)
     if n_values <= P:
         return result

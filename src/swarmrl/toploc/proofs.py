@@ -124,7 +124,7 @@ def build_proofs_batch(
         encoded = encode_proofs(moduli, gf.interpolate(indices % moduli[:, None], values))
         sequences = np.concatenate([g.sequences for g in groups]).tolist()
         chunks = np.concatenate([g.chunks for g in groups]).tolist()
-        placed.extend(zip(sequences, chunks, encoded))
+        placed.extend(zip(sequences, chunks, encoded, strict=True))
     return _per_sequence(len(activations), placed)
 
 
@@ -162,7 +162,7 @@ def verify_proofs_batch(
     if len(activations) != len(proofs):
         raise ValueError(f"{len(activations)} activations but {len(proofs)} proof lists")
     parsed = []
-    for i, (sequence, sequence_proofs) in enumerate(zip(activations, proofs)):
+    for i, (sequence, sequence_proofs) in enumerate(zip(activations, proofs, strict=True)):
         _check_layout(sequence, chunk_size, topk)
         try:
             parsed.append(_parse_sequence(sequence, sequence_proofs, chunk_size, topk))
@@ -183,7 +183,7 @@ def _parse_sequence(
             f"{len(expected_points)}"
         )
     parsed = []
-    for i, (proof, k) in enumerate(zip(proofs, expected_points)):
+    for i, (proof, k) in enumerate(zip(proofs, expected_points, strict=True)):
         modulus, coeffs = parse_proof(proof, chunk=i)
         if coeffs.size != k:
             raise ProofFormatError(
@@ -205,14 +205,18 @@ def _verify_parsed(
     placed: list[tuple[int, int, ChunkCheck]] = []
     for groups in _by_points(activations, chunk_size, topk):
         chunks = np.concatenate([g.chunks for g in groups])
-        owners = list(zip(np.concatenate([g.sequences for g in groups]).tolist(), chunks.tolist()))
+        owners = list(
+            zip(
+                np.concatenate([g.sequences for g in groups]).tolist(), chunks.tolist(), strict=True
+            )
+        )
         moduli = np.array([parsed[s][c][0] for s, c in owners], dtype=np.int64)
         coeffs = np.stack([parsed[s][c][1] for s, c in owners])
         indices = np.concatenate([g.indices for g in groups])
         claimed = gf.evaluate(coeffs, indices % moduli[:, None])
         actual = np.concatenate([g.bits for g in groups])
         found = _compare(claimed, actual, chunks, topk, thresholds)
-        placed.extend((s, c, check) for (s, c), check in zip(owners, found))
+        placed.extend((s, c, check) for (s, c), check in zip(owners, found, strict=True))
     return _per_sequence(len(activations), placed)
 
 

@@ -85,7 +85,9 @@ class BatchCollector:
         self.all_task_rewards.extend(rows["task_rewards"])
         self.all_length_penalties.extend(rows["length_penalties"])
         self.all_length_errors.extend(
-            abs(t - len(o)) for t, o in zip(rows["target_lengths"], rows["output_tokens"]) if t >= 0
+            abs(t - len(o))
+            for t, o in zip(rows["target_lengths"], rows["output_tokens"], strict=True)
+            if t >= 0
         )
         start = 0
         while start < n:

@@ -53,7 +53,7 @@ def _pad_batch(
     width = max(map(len, seqs))
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width - 1))
-    for i, (s, seq) in enumerate(zip(samples, seqs)):
+    for i, (s, seq) in enumerate(zip(samples, seqs, strict=True)):
         ids[i, : len(seq)] = torch.tensor(seq)
         # Logits at position j predict token j+1: completion tokens are predicted from
         # positions len(prompt)-1 .. len(seq)-2.

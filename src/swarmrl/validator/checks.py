@@ -340,7 +340,7 @@ def check_logprobs(rows: Rows, stats: list[TokenStats], tolerance: float) -> Che
     """The worker's reported output_logprobs agree with the recomputed ones."""
     failures = []
     worst = 0.0
-    for i, (reported, s) in enumerate(zip(rows.output_logprobs, stats)):
+    for i, (reported, s) in enumerate(zip(rows.output_logprobs, stats, strict=True)):
         diff = np.abs(np.asarray(reported, dtype=np.float64) - s.logprobs)
         diff = np.where(np.isnan(diff), np.inf, diff)
         worst = max(worst, float(diff.max()))

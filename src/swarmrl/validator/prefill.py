@@ -165,7 +165,7 @@ def _forward_states(
 ) -> list[torch.Tensor]:
     """Per sample, the final-norm states that drew each completion token (fp32), from the
     model's own forward over right-padded prompt + completion batches of similar length."""
-    lengths = [len(p) + len(c) - 1 for p, c in zip(prompts, completions)]
+    lengths = [len(p) + len(c) - 1 for p, c in zip(prompts, completions, strict=True)]
     base = model.base_model
     results: list[torch.Tensor | None] = [None] * len(prompts)
     for batch in length_batches(lengths, token_budget):

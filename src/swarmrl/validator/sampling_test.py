@@ -115,7 +115,7 @@ def sampling_statistics(all_stats: list[TokenStats], seeds: list[int]) -> Sampli
     ]
     worst = int(np.argmax(np.abs(per_sample)))
     d, p_ks = kolmogorov_p(
-        np.concatenate([pit_values(s, seed) for s, seed in zip(all_stats, seeds)])
+        np.concatenate([pit_values(s, seed) for s, seed in zip(all_stats, seeds, strict=True)])
     )
     return SamplingStatistics(
         tokens=len(dev),

@@ -149,7 +149,9 @@ def _expected_prompts(
         target_lengths=cfg.task.target_lengths,
     )
     expected, problems = [], {}
-    for index, target, seeds in zip(plan.problem_indices, plan.target_lengths, plan.sample_seeds):
+    for index, target, seeds in zip(
+        plan.problem_indices, plan.target_lengths, plan.sample_seeds, strict=True
+    ):
         problem = task.train_problem(index)
         problems[problem.problem_id] = problem
         ids = tokenizer(task.render_prompt(problem, target if target >= 0 else None))["input_ids"]
@@ -207,7 +209,7 @@ def validate_rollouts(
         return rejected_or_accepted(results, {"samples": len(rows)})
     task_rewards = [
         task.score(problems[pid], completion_text(tokenizer, out, eos_id))
-        for pid, out in zip(rows.problem_id, rows.output_tokens)
+        for pid, out in zip(rows.problem_id, rows.output_tokens, strict=True)
     ]
     results.append(
         checks.check_values(
@@ -224,7 +226,7 @@ def validate_rollouts(
 
     hidden_size = model.config.hidden_size
     proofs = []
-    for i, (data, out) in enumerate(zip(rows.proofs, rows.output_tokens)):
+    for i, (data, out) in enumerate(zip(rows.proofs, rows.output_tokens, strict=True)):
         try:
             proofs.append(bytes_to_proofs(data, n_tokens=len(out), hidden_size=hidden_size))
         except ProofFormatError as exc:
@@ -241,7 +243,9 @@ def validate_rollouts(
         token_budget=settings.token_budget,
     )
     prefill_seconds = time.perf_counter() - prefill_start
-    replays = [replay(s, seed, settings.replay_tolerance) for s, seed in zip(stats, rows.seed)]
+    replays = [
+        replay(s, seed, settings.replay_tolerance) for s, seed in zip(stats, rows.seed, strict=True)
+    ]
     results.append(
         checks.check_termination(
             rows,
