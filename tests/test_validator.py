@@ -10,6 +10,7 @@ from tests.conftest import random_model
 
 from swarmrl.inference.fast_llama import length_batches
 from swarmrl.rewards import group_advantages
+from swarmrl.runfolder import RunFolder
 from swarmrl.validator import checks, cli, selected_for_validation
 from swarmrl.validator.prefill import TokenStats
 from swarmrl.validator.sampling_test import kolmogorov_p, replay, sample_uniforms
@@ -212,14 +213,13 @@ def test_validator_service_secret_and_verdicts_without_a_model(tmp_path):
         _Policies,
         judge,
         run_secret,
-        validator_dir,
         verdict_counts,
     )
 
     run_dir = tmp_path / "run"
     secret = run_secret(run_dir)
     assert len(secret) == 32 and run_secret(run_dir) == secret
-    assert os.stat(validator_dir(run_dir) / "secret").st_mode & 0o777 == 0o600
+    assert os.stat(RunFolder(run_dir).validator / "secret").st_mode & 0o777 == 0o600
 
     cfg = load_config(None, {"run_name": "r"})
     policies = _Policies(run_dir / "checkpoints")
@@ -232,7 +232,7 @@ def test_validator_service_secret_and_verdicts_without_a_model(tmp_path):
     assert future.status == "rejected" and "policy step 7 outside [3, 5]" in future.reason
     assert future.failed_checks == ["consistency"]
     assert unreadable.status == "unusable"
-    with open(validator_dir(run_dir) / "verdicts.jsonl", "w") as fh:
+    with open(RunFolder(run_dir).verdicts, "w") as fh:
         fh.writelines(
             json.dumps({"file": "x", "status": v.status}) + "\n"
             for v in (pruned, future, unreadable)

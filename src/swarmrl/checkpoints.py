@@ -10,7 +10,6 @@ temporary name and renamed when complete, so a reader never sees half of one.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from pathlib import Path
 
@@ -18,14 +17,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
+from swarmrl.runfolder import step_name, step_of_folder
+
 # Loading a million-parameter checkpoint every step: per-load progress bars are noise.
 hf_logging.disable_progress_bar()
 
-_STEP_DIR = re.compile(r"^step_(\d{6,})$")
-
 
 def checkpoint_dir(root: Path, step: int) -> Path:
-    return Path(root) / f"step_{step:06d}"
+    return Path(root) / step_name(step)
 
 
 def list_checkpoints(root: Path) -> list[int]:
@@ -35,9 +34,9 @@ def list_checkpoints(root: Path) -> list[int]:
         return []
     steps = []
     for entry in root.iterdir():
-        match = _STEP_DIR.match(entry.name)
-        if match and (entry / "config.json").exists():
-            steps.append(int(match.group(1)))
+        step = step_of_folder(entry)
+        if step is not None and (entry / "config.json").exists():
+            steps.append(step)
     return sorted(steps)
 
 
@@ -62,7 +61,7 @@ def load_policy(path: Path, threads: int | None = None):
 
 
 def trainer_state_path(root: Path, step: int) -> Path:
-    return Path(root) / "trainer_state" / f"step_{step:06d}.pt"
+    return Path(root) / "trainer_state" / f"{step_name(step)}.pt"
 
 
 def save_checkpoint(

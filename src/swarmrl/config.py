@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from swarmrl.runfolder import RunFolder
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -195,6 +197,11 @@ class RunConfig(_Section):
     @property
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.run_name
+
+    @property
+    def folder(self) -> RunFolder:
+        """The run folder's named paths (runfolder.py)."""
+        return RunFolder(self.run_dir)
 
 
 class ConfigError(ValueError):

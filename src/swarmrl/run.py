@@ -138,9 +138,10 @@ def _server_bytes(url: str) -> int | None:
 def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
     console = console or Console(stderr=True)
     started = time.time()
-    run_dir = cfg.run_dir
+    folder = cfg.folder
+    run_dir = folder.root
     run_dir.mkdir(parents=True, exist_ok=True)
-    config_path = run_dir / "config.json"
+    config_path = folder.config
     config_path.write_text(cfg.model_dump_json(indent=2))
     start_model = resolve_start_model(cfg, console)
     console.print(f"starting model: {start_model}")
@@ -153,9 +154,9 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
             f"before RL: accuracy {before['accuracy']:.3f}, length error {before['length_error']}"
         )
 
-    logs = run_dir / "logs"
-    done_marker = run_dir / "trainer_done.json"
-    last_step = latest_checkpoint(run_dir / "checkpoints")
+    logs = folder.logs
+    done_marker = folder.trainer_done
+    last_step = latest_checkpoint(folder.checkpoints)
     if done_marker.exists() and (last_step or 0) < cfg.trainer.steps:
         done_marker.unlink()  # resuming a finished run with more steps: workers must not stop at once
     procs: dict[str, subprocess.Popen] = {}
@@ -164,7 +165,7 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
     if cfg.shardcast.enabled:
         from swarmrl.shardcast.server import start_server
 
-        origin_root = run_dir / "shardcast" / "origin"
+        origin_root = folder.shardcast / "origin"
         origin_root.mkdir(parents=True, exist_ok=True)
         origin_server = start_server(origin_root)
         server_urls["origin"] = origin_server.url
@@ -177,13 +178,13 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
                     "--upstream",
                     upstream,
                     "--root",
-                    str(run_dir / "shardcast" / f"relay-{i}"),
+                    str(folder.shardcast / f"relay-{i}"),
                     "--port",
                     str(port),
                     "--poll-s",
                     str(cfg.shardcast.poll_seconds),
                 ],
-                logs / f"relay-{i}.log",
+                folder.log(f"relay-{i}"),
                 1,
             )
             upstream = server_urls[f"relay-{i}"] = f"http://127.0.0.1:{port}"
@@ -198,22 +199,22 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
         )
     procs["trainer"] = _spawn(
         ["trainer", "--config", str(config_path), "--start-model", str(start_model)],
-        logs / "trainer.log",
+        folder.log("trainer"),
         cfg.trainer.threads,
     )
     for i in range(cfg.worker.count):
         procs[f"worker-{i}"] = _spawn(
             ["worker", "--config", str(config_path), "--address", f"worker-{i}"],
-            logs / f"worker-{i}.log",
+            folder.log(f"worker-{i}"),
             cfg.worker.threads,
         )
     if cfg.validator.fraction > 0:
         procs["validator"] = _spawn(
             ["validator", "--config", str(config_path)],
-            logs / "validator.log",
+            folder.log("validator"),
             cfg.validator.threads,
         )
-    metrics_path = run_dir / "metrics.jsonl"
+    metrics_path = folder.metrics
     try:
         with Progress(
             TextColumn("[bold]GRPO"),
@@ -251,8 +252,8 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
                 if name is not None:
                     if code != 0:
                         raise SwarmError(
-                            f"{name} exited with code {code}; last lines of {logs / (name + '.log')}:\n"
-                            + _tail(logs / f"{name}.log")
+                            f"{name} exited with code {code}; last lines of {folder.log(name)}:\n"
+                            + _tail(folder.log(name))
                         )
                     break
                 time.sleep(0.5)
@@ -265,7 +266,7 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
                 if proc.returncode not in (None, 0):
                     raise SwarmError(
                         f"{name} exited with code {proc.returncode}; last lines:\n"
-                        + _tail(logs / f"{name}.log")
+                        + _tail(folder.log(name))
                     )
         served = {name: _server_bytes(url) for name, url in server_urls.items()}
     finally:
@@ -273,11 +274,11 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
         if origin_server is not None:
             origin_server.stop()
 
-    final_step = latest_checkpoint(run_dir / "checkpoints")
+    final_step = latest_checkpoint(folder.checkpoints)
     after = None
     if cfg.eval_after and final_step is not None:
         with console.status(f"evaluating checkpoint {final_step} on the held-out split"):
-            after = evaluate(checkpoint_dir(run_dir / "checkpoints", final_step), task, cfg)
+            after = evaluate(checkpoint_dir(folder.checkpoints, final_step), task, cfg)
     records = read_metrics(metrics_path)
     wait = sum(r["wait_seconds"] for r in records)
     busy = sum(r["step_seconds"] for r in records)
@@ -305,12 +306,12 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
         else None,
         "wall_seconds": round(time.time() - started, 1),
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    folder.summary.write_text(json.dumps(summary, indent=2))
     table = Table(title=f"swarmrl run {cfg.run_name}")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in summary.items():
         table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
     console.print(table)
-    console.print(f"summary written to {run_dir / 'summary.json'}")
+    console.print(f"summary written to {folder.summary}")
     return summary

@@ -41,13 +41,10 @@ from swarmrl.inference.finisher import FileFinisher
 from swarmrl.inference.rollout import RolloutBatch, generate_rollouts
 from swarmrl.inference.sampler import SamplingParams
 from swarmrl.rollouts import RolloutFileError, RolloutMeta, read_meta
+from swarmrl.runfolder import RunFolder
 from swarmrl.tasks.registry import build_task
 
 log = logging.getLogger("swarmrl.worker")
-
-
-def step_folder(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / "rollouts" / f"step_{step:06d}"
 
 
 class UsableCounter:
@@ -56,18 +53,18 @@ class UsableCounter:
     the non-zero-advantage counts in the files' footers (each read once)."""
 
     def __init__(self, run_dir: Path) -> None:
-        self.run_dir = Path(run_dir)
+        self.folder = RunFolder(run_dir)
         self._seen: dict[Path, int] = {}
 
     def count(self, step: int) -> int:
         try:
-            status = json.loads((self.run_dir / "trainer_status.json").read_text())
+            status = json.loads(self.folder.trainer_status.read_text())
             if status["step"] == step:
                 return int(status["usable"])
         except (OSError, ValueError, KeyError):
             pass  # no status yet, or one being replaced: fall back to the footers
         total = 0
-        folder = step_folder(self.run_dir, step)
+        folder = self.folder.rollout_step(step)
         if not folder.is_dir():
             return 0
         for path in folder.glob("*.parquet"):
@@ -104,8 +101,8 @@ class PolicySource:
 
     def __init__(self, cfg: RunConfig, address: str) -> None:
         self.servers = list(cfg.shardcast.servers)
-        self.ckpt_root = cfg.run_dir / "checkpoints"
-        self.cache = cfg.run_dir / "worker_cache" / address
+        self.ckpt_root = cfg.folder.checkpoints
+        self.cache = cfg.folder.worker_cache(address)
         self.bytes_by_server: dict[str, int] = {}
 
     def newest(self) -> int | None:
@@ -135,13 +132,13 @@ def run_worker(cfg: RunConfig, address: str) -> int:
     """Run until the trainer is done; returns the number of rollout files written."""
     torch.set_num_threads(cfg.worker.threads)
     run_dir = cfg.run_dir
-    ckpt_root = run_dir / "checkpoints"
+    ckpt_root = cfg.folder.checkpoints
     task = build_task(cfg.task)
     counter = UsableCounter(run_dir)
     source = PolicySource(cfg, address)
     model = tok = None
     policy_step = -1
-    stats_path = run_dir / "logs" / f"{address}.jsonl"
+    stats_path = cfg.folder.worker_stats(address)
     stats_path.parent.mkdir(parents=True, exist_ok=True)
 
     def log_file(path: Path, batch: RolloutBatch, meta: RolloutMeta, waited: float) -> None:
@@ -168,7 +165,7 @@ def run_worker(cfg: RunConfig, address: str) -> int:
     finisher = FileFinisher(log_file)
     try:
         while True:
-            if (run_dir / "trainer_done.json").exists():
+            if cfg.folder.trainer_done.exists():
                 break
             latest = latest_checkpoint(ckpt_root)
             try:
@@ -214,7 +211,7 @@ def run_worker(cfg: RunConfig, address: str) -> int:
             if step is None:
                 time.sleep(cfg.worker.poll_seconds)
                 continue
-            folder = step_folder(run_dir, step)
+            folder = cfg.folder.rollout_step(step)
             submission = next_counter(folder, address)
             if pending is not None and pending.step == step:
                 submission = max(submission, pending.submission + 1)

@@ -38,7 +38,6 @@ from swarmrl.checkpoints import (
     trainer_state_path,
 )
 from swarmrl.config import RunConfig
-from swarmrl.inference.worker import step_folder
 from swarmrl.trainer.batches import BatchCollector, Sample
 from swarmrl.trainer.loss import GRPOLossInput, grpo_loss, token_logprobs
 
@@ -77,8 +76,9 @@ class Trainer:
     def __init__(self, cfg: RunConfig, start_model: Path) -> None:
         self.cfg = cfg
         self.run_dir = cfg.run_dir
-        self.ckpt_root = self.run_dir / "checkpoints"
-        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.folder = cfg.folder
+        self.ckpt_root = self.folder.checkpoints
+        self.metrics_path = self.folder.metrics
         torch.set_num_threads(cfg.trainer.threads)
         latest = latest_checkpoint(self.ckpt_root)
         if latest is None:
@@ -106,13 +106,13 @@ class Trainer:
             torch.manual_seed(tc.seed)
         self._repair_metrics(last_record)
         if self.step < tc.steps:  # a finished run given more steps is not finished any more
-            (self.run_dir / "trainer_done.json").unlink(missing_ok=True)
+            self.folder.trainer_done.unlink(missing_ok=True)
         self.origin = None
         if cfg.shardcast.enabled:
             from swarmrl.shardcast.origin import Origin
 
             self.origin = Origin(
-                self.run_dir / "shardcast" / "origin",
+                self.folder.shardcast / "origin",
                 keep=max(cfg.shardcast.keep, cfg.async_level + 1),
                 shard_size=cfg.shardcast.shard_size,
             )
@@ -142,15 +142,15 @@ class Trainer:
     def _write_status(self, step: int, usable: int) -> None:
         """Tell workers how many usable samples the step really has (after the checks
         and filters a file's own metadata cannot know about)."""
-        status = self.run_dir / "trainer_status.json"
-        tmp = status.with_name(".trainer_status.json.tmp")
+        status = self.folder.trainer_status
+        tmp = status.with_name(f".{status.name}.tmp")
         tmp.write_text(
             json.dumps({"step": step, "usable": usable, "needed": self.cfg.trainer.batch_samples})
         )
         tmp.replace(status)
 
     def collect(self, step: int) -> tuple[list[Sample], BatchCollector, float]:
-        collector = BatchCollector(step_folder(self.run_dir, step), step, self.cfg.async_level)
+        collector = BatchCollector(self.folder.rollout_step(step), step, self.cfg.async_level)
         start = last_report = time.perf_counter()
         reported = -1
         while True:
@@ -286,6 +286,6 @@ class Trainer:
             prune_checkpoints(self.ckpt_root, keep, protect={0})
             if on_step is not None:
                 on_step(record)
-        (self.run_dir / "trainer_done.json").write_text(
+        self.folder.trainer_done.write_text(
             json.dumps({"final_step": self.step, "time": time.time()})
         )

@@ -34,6 +34,7 @@ from swarmrl.checkpoints import checkpoint_dir, load_policy
 from swarmrl.config import RunConfig
 from swarmrl.jsonl import read_jsonl
 from swarmrl.rollouts import file_hash
+from swarmrl.runfolder import RunFolder
 from swarmrl.validator import checks
 from swarmrl.validator.verdict import (
     TOPLOC_PRESETS,
@@ -48,16 +49,10 @@ from swarmrl.validator.verdict import (
 
 log = logging.getLogger("swarmrl.validator")
 
-VERDICTS_FILE = "verdicts.jsonl"
-
-
-def validator_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / "validator"
-
 
 def run_secret(run_dir: Path) -> bytes:
     """The run's validator secret, created (0600) on first use."""
-    path = validator_dir(run_dir) / "secret"
+    path = RunFolder(run_dir).validator / "secret"
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -70,7 +65,7 @@ def run_secret(run_dir: Path) -> bytes:
 
 def read_verdicts(run_dir: Path) -> list[dict]:
     """Every verdict line written so far (a line cut short by a kill is skipped)."""
-    return read_jsonl(validator_dir(run_dir) / VERDICTS_FILE)
+    return read_jsonl(RunFolder(run_dir).verdicts)
 
 
 def verdict_counts(run_dir: Path) -> dict[str, int]:
@@ -135,17 +130,15 @@ def run_validator(cfg: RunConfig) -> dict[str, int]:
     run_dir = cfg.run_dir
     secret = run_secret(run_dir)
     settings = ValidatorSettings(toploc=TOPLOC_PRESETS[cfg.validator.toploc])
-    policies = _Policies(run_dir / "checkpoints")
-    out_path = validator_dir(run_dir) / VERDICTS_FILE
+    policies = _Policies(cfg.folder.checkpoints)
+    out_path = cfg.folder.verdicts
     seen = {v["file"] for v in read_verdicts(run_dir)}
     passed: set[str] = set()  # files not chosen
     while True:
-        done = (
-            run_dir / "trainer_done.json"
-        ).exists()  # read before listing: no file can be missed
+        done = cfg.folder.trainer_done.exists()  # read before listing: no file can be missed
         pending = [
             p
-            for p in sorted((run_dir / "rollouts").glob("step_*/*.parquet"))
+            for p in sorted(cfg.folder.rollouts.glob("step_*/*.parquet"))
             if str(p) not in seen and str(p) not in passed
         ]
         for path in pending:

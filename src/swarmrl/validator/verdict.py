@@ -28,9 +28,11 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from swarmrl.assignment import assign
+from swarmrl.checkpoints import checkpoint_dir
 from swarmrl.config import ConfigError, RunConfig, load_config
 from swarmrl.inference.rollout import completion_text
 from swarmrl.rollouts import RolloutFileError, RolloutMeta, read_rollouts
+from swarmrl.runfolder import RunFolder
 from swarmrl.tasks.registry import build_task
 from swarmrl.toploc import ProofFormatError, ToplocThresholds, bytes_to_proofs
 from swarmrl.validator import checks
@@ -292,14 +294,16 @@ def read_rollout_file(path: Path) -> tuple[pa.Table, RolloutMeta]:
 def _load(path: Path, model_dir: Path | None, config_path: Path | None):
     table, meta = read_rollout_file(path)
     run_dir = Path(path).resolve().parent.parent.parent
-    config_path = Path(config_path) if config_path else run_dir / "config.json"
+    config_path = Path(config_path) if config_path else RunFolder(run_dir).config
     try:
         cfg = load_config(config_path)
     except ConfigError as exc:
         raise UnusableInput(f"{exc} (pass --config)") from None
     policy_step = table.column("policy_step")[0].as_py()
     model_dir = (
-        Path(model_dir) if model_dir else run_dir / "checkpoints" / f"step_{policy_step:06d}"
+        Path(model_dir)
+        if model_dir
+        else checkpoint_dir(RunFolder(run_dir).checkpoints, policy_step)
     )
     from swarmrl.checkpoints import load_policy
 

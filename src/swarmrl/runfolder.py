@@ -1,0 +1,100 @@
+"""The run folder's layout: the one place that names the files and folders of a run.
+
+```
+<output_dir>/<run_name>/
+  config.json              the run's configuration
+  summary.json             written by `swarmrl run` at the end
+  metrics.jsonl            one line per trained step
+  trainer_status.json      the step the trainer waits on and its usable samples so far
+  trainer_done.json        written when the trainer has finished
+  checkpoints/step_<n>/    Hugging Face model directories (checkpoints.py writes them)
+  checkpoints/trainer_state/step_<n>.pt   the trainer's resume state
+  rollouts/step_<n>/       rollout files for training step n
+  validator/verdicts.jsonl one verdict per judged rollout file
+  logs/<process>.log       each process's output; logs/<worker>.jsonl per-file worker stats
+  shardcast/               the origin's and relays' stores
+```
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+STEP_FOLDER = re.compile(r"^step_(\d{6,})$")
+
+
+def step_name(step: int) -> str:
+    """`step_000042`: the folder name of a step, for checkpoints and rollouts alike."""
+    return f"step_{step:06d}"
+
+
+def step_of_folder(folder: Path) -> int | None:
+    """The step a `step_<n>` folder names, or None for any other name."""
+    match = STEP_FOLDER.match(Path(folder).name)
+    return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.json"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def trainer_status(self) -> Path:
+        return self.root / "trainer_status.json"
+
+    @property
+    def trainer_done(self) -> Path:
+        return self.root / "trainer_done.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def rollouts(self) -> Path:
+        return self.root / "rollouts"
+
+    def rollout_step(self, step: int) -> Path:
+        return self.rollouts / step_name(step)
+
+    @property
+    def validator(self) -> Path:
+        return self.root / "validator"
+
+    @property
+    def verdicts(self) -> Path:
+        return self.validator / "verdicts.jsonl"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def log(self, process: str) -> Path:
+        return self.logs / f"{process}.log"
+
+    def worker_stats(self, address: str) -> Path:
+        return self.logs / f"{address}.jsonl"
+
+    @property
+    def shardcast(self) -> Path:
+        return self.root / "shardcast"
+
+    def worker_cache(self, address: str) -> Path:
+        return self.root / "worker_cache" / address
