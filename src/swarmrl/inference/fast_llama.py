@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from transformers import PreTrainedModel
 
 FAST_ARCHITECTURES = {"llama", "qwen2", "mistral"}
-_FAST_MODELS: weakref.WeakKeyDictionary[torch.nn.Module, FastLlama] = weakref.WeakKeyDictionary()
+_FAST_MODELS: weakref.WeakKeyDictionary[PreTrainedModel, FastLlama] = weakref.WeakKeyDictionary()
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,11 +60,11 @@ class _LayerWeights:
     down: tuple[torch.Tensor, torch.Tensor | None]
 
 
-def _wb(linear: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _wb(linear: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     return linear.weight, linear.bias
 
 
-def _stacked(*linears: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _stacked(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     weight = torch.cat([lin.weight for lin in linears])
     biases = [lin.bias for lin in linears]
     if all(b is None for b in biases):
@@ -78,15 +80,18 @@ def _stacked(*linears: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | No
 class FastLlama:
     """Static-cache decoder over a Llama-family model's own weights."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         # No reference to `model` itself: this object is cached per model in a weak
         # dictionary and must not keep its key alive.
         cfg = model.config
-        base = model.model
-        self.rotary_emb = base.rotary_emb
-        self.n_heads = cfg.num_attention_heads
-        self.n_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        # The Llama-family module tree, read by attribute name (supports_fast_path vets it).
+        base: Any = model.model
+        self.rotary_emb: Any = base.rotary_emb
+        self.n_heads: int = cfg.num_attention_heads
+        self.n_kv: int = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        self.head_dim: int = (
+            getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        )
         self.lm_head = _wb(model.lm_head)
         self.params = list(model.parameters())
         self.layers = [
@@ -105,8 +110,8 @@ class FastLlama:
             )
             for layer in base.layers
         ]
-        self.embed = base.embed_tokens.weight
-        self.final_norm = (base.norm.weight, base.norm.variance_epsilon)
+        self.embed: torch.Tensor = base.embed_tokens.weight
+        self.final_norm: tuple[torch.Tensor, float] = (base.norm.weight, base.norm.variance_epsilon)
         self.scale = self.head_dim**-0.5
         self.versions = self._weight_versions()
 
@@ -190,7 +195,7 @@ class FastLlama:
         return self._rms(*self.final_norm, x)
 
 
-def supports_fast_path(model: torch.nn.Module) -> bool:
+def supports_fast_path(model: PreTrainedModel) -> bool:
     cfg = model.config
     return (
         cfg.model_type in FAST_ARCHITECTURES
@@ -205,7 +210,7 @@ def supports_fast_path(model: torch.nn.Module) -> bool:
     )
 
 
-def fast_decoder(model: torch.nn.Module) -> FastLlama:
+def fast_decoder(model: PreTrainedModel) -> FastLlama:
     """The cached ``FastLlama`` of ``model`` (built on first use, rebuilt after in-place
     weight updates). The caller checks ``supports_fast_path`` first."""
     decoder = _FAST_MODELS.get(model)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from transformers import PreTrainedModel
 
 from swarmrl.inference.fast_llama import (
     FastLlama,
@@ -134,7 +135,7 @@ def _fast_sample(
         torch.zeros(n, limit, hidden.shape[-1], dtype=torch.bfloat16) if capture_hidden else None
     )
     row_tokens, row_logp = out_tokens.clone(), out_logp.clone()
-    row_hidden = out_hidden.clone() if capture_hidden else None
+    row_hidden = out_hidden.clone() if out_hidden is not None else None
     active = torch.arange(n)  # batch row -> sample index
     finished = torch.zeros(
         n, dtype=torch.bool
@@ -145,7 +146,7 @@ def _fast_sample(
     def flush(rows: torch.Tensor) -> None:
         out_tokens[active[rows]] = row_tokens[rows]
         out_logp[active[rows]] = row_logp[rows]
-        if row_hidden is not None:
+        if row_hidden is not None and out_hidden is not None:
             out_hidden[active[rows]] = row_hidden[rows]
 
     for step in range(limit):
@@ -218,7 +219,14 @@ def _collect(tokens, logp, hidden, lengths, eos) -> list[Generation]:
     return out
 
 
-def _generic_sample(model, prompts, seeds, params, pad_id, capture_hidden) -> list[Generation]:
+def _generic_sample(
+    model: PreTrainedModel,
+    prompts: list[list[int]],
+    seeds: np.ndarray,
+    params: SamplingParams,
+    pad_id: int,
+    capture_hidden: bool,
+) -> list[Generation]:
     """Any causal LM: its own forward and cache, one step per token, no batch shrinking."""
     from transformers import DynamicCache
 
@@ -279,7 +287,7 @@ def _generic_sample(model, prompts, seeds, params, pad_id, capture_hidden) -> li
 
 @torch.inference_mode()
 def sample(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     prompts: list[list[int]],
     seeds: list[int] | np.ndarray,
     params: SamplingParams,

@@ -43,6 +43,7 @@ training logs, not something process limits can rule out.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -226,7 +227,6 @@ def run_solution(
         if user is not None:
             os.chown(workdir, *user)
             os.chown(job_path, *user)
-        user_args = {} if user is None else {"user": user[0], "group": user[1], "extra_groups": []}
         try:
             process = subprocess.Popen(
                 [python_executable, "-I", "-c", _RUNNER, job_path],
@@ -237,7 +237,9 @@ def run_solution(
                 stderr=subprocess.STDOUT,
                 pass_fds=(status_write,),
                 start_new_session=True,
-                **user_args,
+                user=None if user is None else user[0],
+                group=None if user is None else user[1],
+                extra_groups=None if user is None else [],
             )
         except BaseException:
             os.close(status_read)
@@ -251,10 +253,8 @@ def run_solution(
         finally:
             os.close(status_read)
             # The process is not reaped yet, so its group id cannot have been reused.
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             process.wait()
             assert process.stdout is not None
             process.stdout.close()
@@ -317,6 +317,7 @@ def _sandbox_user(python_executable: str) -> tuple[int, int] | None:
     try:
         probe = subprocess.run(
             [python_executable, "-I", "-c", "import collections, decimal, fractions, json, re"],
+            check=False,
             user=uid,
             group=gid,
             extra_groups=[],

@@ -17,6 +17,8 @@ def build_task(cfg: TaskConfig) -> Task:
     # With a separate eval file, all of it is the held-out split: eval_size does not apply.
     eval_path = Path(cfg.eval_path) if cfg.eval_path else None
     eval_size = None if eval_path else cfg.eval_size
+    if cfg.path is None:
+        raise ValueError(f"task {cfg.name!r} needs task.path (a JSONL or Parquet problem file)")
     if cfg.name == "math":
         from swarmrl.tasks.math import MathTask
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -45,6 +46,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from swarmrl.toploc import gf
 from swarmrl.toploc.encoding import ProofFormatError, chunk_points, encode_proofs, parse_proof
+
+_Item = TypeVar("_Item")
 
 _NO_MATCH = float(2**64)  # the reference's statistic when no exponent matches
 
@@ -231,9 +234,9 @@ def _by_points(
     return list(groups.values())
 
 
-def _per_sequence(n: int, placed: list[tuple[int, int, object]]) -> list[list]:
+def _per_sequence(n: int, placed: Sequence[tuple[int, int, _Item]]) -> list[list[_Item]]:
     """(sequence, chunk, item) triples into one list per sequence, in chunk order."""
-    out: list[list] = [[] for _ in range(n)]
+    out: list[list[_Item]] = [[] for _ in range(n)]
     for sequence, _, item in sorted(placed, key=lambda entry: entry[:2]):
         out[sequence].append(item)
     return out
