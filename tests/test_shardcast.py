@@ -359,6 +359,37 @@ def test_relay_repairs_a_corrupted_shard_in_its_store(tmp_path):
             proc.wait()
 
 
+def test_relay_mirrors_a_version_again_when_its_manifest_is_damaged(origin, tmp_path):
+    """Without a readable manifest the relay cannot vouch for any shard of the version: it
+    refuses them, drops the version and mirrors it again; clients then download it."""
+    _, server, checkpoint = origin
+    relay = Relay([server.url], tmp_path / "relay", poll_s=0.1, timeout=2)
+    assert relay.sync_once() == [5]
+    relay_server = start_server(relay.store.root, guard=relay.guard)
+    thread = threading.Thread(target=relay.run, daemon=True)
+    thread.start()
+    manifest_file = tmp_path / "relay" / "v5" / "manifest.json"
+    good_manifest = manifest_file.read_bytes()
+    try:
+        manifest_file.write_text("{not json")
+        with pytest.raises(HttpStatusError) as refused:
+            get_bytes(f"{relay_server.url}/v5/manifest.json", 5)
+        assert refused.value.status == 503
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (
+            manifest_file.exists() and manifest_file.read_bytes() == good_manifest
+        ):
+            time.sleep(0.05)
+        wait_for_version(relay_server.url, 5)  # announced once the mirrored copy is in place
+        result = fetch([relay_server.url], 5, tmp_path / "dest", concurrency=2)
+    finally:
+        relay.stop()
+        thread.join(timeout=10)
+        relay_server.stop()
+    assert manifest_file.read_bytes() == good_manifest
+    assert same_tree(checkpoint, result.path) and result.failures == []
+
+
 def test_corrupted_shard_is_detected_and_fetched_elsewhere(origin, tmp_path):
     publisher, server, checkpoint = origin
     bad_root = shutil.copytree(publisher.root, tmp_path / "bad")

@@ -100,6 +100,7 @@ class ShardGuard:
         with self._lock:
             self._verified.clear()
             self._manifests.clear()
+            self._locks.clear()  # also drops the locks of versions deleted since
 
     def check(self, version: int, index: int) -> ShardCheck:
         """Whether shard ``index`` of ``v<version>`` holds its manifest's bytes (blocking: may hash it)."""
@@ -114,7 +115,7 @@ class ShardGuard:
         with lock:  # one hash per shard however many clients ask for it at once
             if self.is_trusted(path):
                 return ShardCheck.SERVE
-            manifest = self._manifest(version)
+            manifest = self.manifest(version)
             if manifest is None:
                 return ShardCheck.REPAIRING
             if index >= len(manifest.shards):
@@ -144,13 +145,16 @@ class ShardGuard:
                 self._verified[path] = state
             return ShardCheck.SERVE
 
-    def _manifest(self, version: int) -> Manifest | None:
+    def manifest(self, version: int) -> Manifest | None:
+        """The manifest of a version this server holds; None (reported as damage when the
+        version's directory exists) when it is missing or unreadable."""
         path = self.root / f"v{version}" / MANIFEST_FILE
         try:
             state = _state(path)
         except FileNotFoundError:
-            log.warning("v%d has no manifest", version)
-            self.on_damage(version, None)
+            if path.parent.is_dir():
+                log.warning("v%d has no manifest", version)
+                self.on_damage(version, None)
             return None
         with self._lock:
             cached = self._manifests.get(version)

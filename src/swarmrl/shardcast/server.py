@@ -9,8 +9,8 @@ kernel copies page cache to socket) and answers ``Range`` with 206. The server b
 
 A relay's server is given a ``ShardGuard``: a shard is served only once the guard has
 seen it hold its manifest's bytes (hashed once, and again whenever the file changed);
-a damaged or missing shard is answered ``503`` with ``Retry-After`` while the relay
-fetches it again, which both our client and the reference client retry.
+a damaged or missing shard (or manifest) is answered ``503`` with ``Retry-After`` while
+the relay fetches it again, which both our client and the reference client retry.
 """
 
 from __future__ import annotations
@@ -108,6 +108,15 @@ def make_app(root: Path, stats: ServerStats, guard: ShardGuard | None = None) ->
         path = root / f"v{version}" / name
         if index is not None:
             await check(version, index, path)
+        elif guard is not None:
+            loop = asyncio.get_running_loop()
+            if await loop.run_in_executor(None, guard.manifest, version) is None:
+                if not path.parent.is_dir():
+                    raise web.HTTPNotFound()
+                raise web.HTTPServiceUnavailable(
+                    text=f"v{version}/{name} is damaged; mirroring the version again\n",
+                    headers={"Retry-After": "1"},
+                )
         return await send(request, path, index is not None)
 
     async def stats_json(request: web.Request):
