@@ -238,10 +238,14 @@ class Relay:
         except (OSError, LayoutError):
             self._drop(version)
             return
-        upstream = resolve_version(self.upstreams, version, timeout=self.timeout)
-        if upstream.entry != manifest.entry:
+        listing = self.upstream_listing()
+        if listing is None:
+            raise FetchError(f"no upstream answered ({', '.join(self.upstreams)})")
+        if listing.get(version) != manifest.entry:
+            # retired or replaced upstream: this copy cannot be healed and is on its way out
             self._drop(version)
             return
+        upstream = resolve_version(self.upstreams, version, timeout=self.timeout)
         # Checked against the manifest this relay proved when it mirrored the version.
         source = VersionSource(upstream.entry, upstream.servers, manifest)
         repair = directory / f".repair-{shard_name(index)}"
