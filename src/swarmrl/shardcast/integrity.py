@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
@@ -55,9 +56,21 @@ class ShardCheck(Enum):
     REPAIRING = "repairing"  # damaged or missing; being fetched again
 
 
-def _state(path: Path) -> tuple[int, int, int, int]:
+FileState = tuple[int, int, int, int]  # inode, size, mtime, ctime (ns)
+
+SETTLE_NS = 1_000_000_000
+"""File times tick coarsely (a few ms), so a write in the same tick as a check leaves the
+state unchanged. A state is only remembered once its ctime is this far in the past; until
+then every request hashes the file again."""
+
+
+def _state(path: Path) -> FileState:
     st = os.stat(path)
     return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _settled(state: FileState) -> bool:
+    return time.time_ns() - state[3] > SETTLE_NS
 
 
 class ShardGuard:
@@ -73,8 +86,8 @@ class ShardGuard:
     def __init__(self, root: Path, on_damage: Callable[[int, int | None], None]) -> None:
         self.root = Path(root).resolve()
         self.on_damage = on_damage
-        self._verified: dict[Path, tuple[int, int, int, int]] = {}
-        self._manifests: dict[int, tuple[tuple[int, int, int, int], Manifest]] = {}
+        self._verified: dict[Path, FileState] = {}
+        self._manifests: dict[int, tuple[FileState, Manifest]] = {}
         self._locks: dict[Path, threading.Lock] = {}
         self._lock = threading.Lock()
 
@@ -88,12 +101,15 @@ class ShardGuard:
             return self._verified.get(path) == state
 
     def trust(self, version: int, manifest: Manifest) -> None:
-        """Record the shards of ``v<version>`` as verified as they are now (the caller hashed them)."""
+        """Record the shards of ``v<version>`` as verified as they are now (the caller hashed
+        them); shards written too recently to tell a later write apart are hashed on request."""
         directory = self.root / f"v{version}"
         with self._lock:
             for index in range(len(manifest.shards)):
                 path = directory / shard_name(index)
-                self._verified[path] = _state(path)
+                state = _state(path)
+                if _settled(state):
+                    self._verified[path] = state
 
     def forget(self) -> None:
         """Distrust everything: each shard is hashed again before it is next served."""
@@ -141,8 +157,9 @@ class ShardGuard:
                 path.unlink(missing_ok=True)
                 self.on_damage(version, index)
                 return ShardCheck.REPAIRING
-            with self._lock:
-                self._verified[path] = state
+            if _settled(state) and _state(path) == state:  # unchanged while it was hashed
+                with self._lock:
+                    self._verified[path] = state
             return ShardCheck.SERVE
 
     def manifest(self, version: int) -> Manifest | None:
@@ -168,6 +185,7 @@ class ShardGuard:
             log.warning("v%d manifest is unreadable (%s)", version, exc)
             self.on_damage(version, None)
             return None
-        with self._lock:
-            self._manifests[version] = (state, manifest)
+        if _settled(state):
+            with self._lock:
+                self._manifests[version] = (state, manifest)
         return manifest
