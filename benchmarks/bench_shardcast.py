@@ -32,10 +32,11 @@ import time
 from pathlib import Path
 
 import swarmrl
-from swarmrl.shardcast.client import fetch, unpack
+from swarmrl.shardcast.client import fetch
 from swarmrl.shardcast.layout import shard_name
 from swarmrl.shardcast.origin import Origin
 from swarmrl.shardcast.transfer import get_bytes, get_stream
+from swarmrl.shardcast.unpack import unpack
 
 ENV = {
     **os.environ,

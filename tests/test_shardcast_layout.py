@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from shardcast import utils as reference_utils
 
-from swarmrl.shardcast.client import ServerChooser
+from swarmrl.shardcast.choice import ServerChooser
 from swarmrl.shardcast.layout import (
     LayoutError,
     Manifest,
@@ -61,7 +61,7 @@ def test_we_read_what_the_reference_writes(tmp_path):
     ],
 )
 def test_bad_distribution_lines_are_rejected(text):
-    with pytest.raises(LayoutError, match="distribution.txt line"):
+    with pytest.raises(LayoutError, match=r"distribution\.txt line"):
         parse_distribution(text)
 
 
@@ -95,8 +95,8 @@ def test_manifest_round_trips_and_rejects_inconsistency():
 
 def test_server_choice_follows_success_times_bandwidth_with_healing():
     chooser = ServerChooser(["a", "b"], alpha=0.3, heal=0.02, rng=random.Random(0))
-    chooser.seed("a", 100.0, True)
-    chooser.seed("b", 300.0, True)
+    chooser.set_estimate("a", 100.0, True)
+    chooser.set_estimate("b", 300.0, True)
     assert chooser.weights() == {"a": 100.0, "b": 300.0}
     draws = [chooser.pick() for _ in range(4000)]
     assert 0.70 < draws.count("b") / len(draws) < 0.80  # expect 3/4

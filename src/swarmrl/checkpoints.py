@@ -45,10 +45,8 @@ def latest_checkpoint(root: Path) -> int | None:
     return steps[-1] if steps else None
 
 
-def load_policy(path: Path, threads: int | None = None):
+def load_policy(path: Path):
     """(model in eval mode, tokenizer) from any Hugging Face causal LM directory."""
-    if threads:
-        torch.set_num_threads(threads)
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} is not a model directory (no config.json)")

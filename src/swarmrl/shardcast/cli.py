@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import sys
@@ -31,10 +32,8 @@ def _urls(text: str) -> list[str]:
 
 def run_origin(args: argparse.Namespace) -> int:
     VersionStore(args.root)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a user stops the server
         asyncio.run(serve_forever(args.root, args.host, args.port))
-    except KeyboardInterrupt:
-        pass
     return 0
 
 
@@ -45,8 +44,9 @@ def run_relay(args: argparse.Namespace) -> int:
         poll_s=args.poll_s,
         grace_s=args.grace_s,
         timeout=args.timeout,
+        rehash_s=args.rehash_s,
     )
-    server = start_server(args.root, args.host, args.port)
+    server = start_server(args.root, args.host, args.port, guard=relay.guard)
     print(
         f"relay serving {args.root} at {server.url}, mirroring {', '.join(relay.upstreams)}",
         flush=True,
@@ -121,6 +121,12 @@ def register(subparsers) -> None:
     )
     relay.add_argument(
         "--timeout", type=float, default=10.0, help="seconds without data before a request fails"
+    )
+    relay.add_argument(
+        "--rehash-s",
+        type=float,
+        default=600.0,
+        help="seconds between re-hashes of every served shard (changed files are always re-hashed)",
     )
     relay.set_defaults(func=run_relay)
 

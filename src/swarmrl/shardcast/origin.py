@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import shutil
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import blake3
 
@@ -36,6 +38,13 @@ from swarmrl.shardcast.store import VersionStore, atomic_write
 _COPY_BUFFER = 4 << 20
 
 
+@dataclass
+class _OpenShard:
+    file: BinaryIO
+    hasher: blake3.blake3
+    size: int = 0
+
+
 class _ShardWriter:
     """A write-only file object that cuts its stream into shard files and hashes them."""
 
@@ -45,36 +54,35 @@ class _ShardWriter:
         self.file_hash = blake3.blake3(max_threads=blake3.blake3.AUTO)
         self.shards: list[ShardInfo] = []
         self.size = 0
-        self._current = None
-        self._current_hash = None
-        self._current_size = 0
+        self._current: _OpenShard | None = None
 
-    def write(self, data) -> int:
+    def write(self, data: bytes | bytearray | memoryview) -> int:
         view = memoryview(data).cast("B")
         self.file_hash.update(view)
         while len(view):
             if self._current is None:
-                self._current = open(self.directory / shard_name(len(self.shards)), "wb")
-                self._current_hash = blake3.blake3()
-                self._current_size = 0
-            take = min(len(view), self.shard_size - self._current_size)
-            self._current.write(view[:take])
-            self._current_hash.update(view[:take])
-            self._current_size += take
+                # stays open across write() calls until the shard is full: closed by _finish_shard
+                path = self.directory / shard_name(len(self.shards))
+                self._current = _OpenShard(open(path, "wb"), blake3.blake3())  # noqa: SIM115
+            current = self._current
+            take = min(len(view), self.shard_size - current.size)
+            current.file.write(view[:take])
+            current.hasher.update(view[:take])
+            current.size += take
             self.size += take
             view = view[take:]
-            if self._current_size == self.shard_size:
+            if current.size == self.shard_size:
                 self._finish_shard()
         return len(data)
 
     def _finish_shard(self) -> None:
-        self._current.close()
-        self.shards.append(ShardInfo(self._current_size, self._current_hash.hexdigest()))
-        self._current = None
+        if self._current is not None:
+            self._current.file.close()
+            self.shards.append(ShardInfo(self._current.size, self._current.hasher.hexdigest()))
+            self._current = None
 
     def close(self) -> None:
-        if self._current is not None:
-            self._finish_shard()
+        self._finish_shard()
 
 
 def _normalized(info: tarfile.TarInfo) -> tarfile.TarInfo:
@@ -90,7 +98,7 @@ def write_archive(checkpoint_dir: Path, out) -> None:
     with tarfile.open(
         fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, bufsize=_COPY_BUFFER
     ) as tar:
-        tar.copybufsize = _COPY_BUFFER
+        tar.copybufsize = _COPY_BUFFER  # type: ignore[attr-defined]  # TarFile reads it; typeshed lacks it
         for path in sorted(checkpoint_dir.rglob("*")):
             if not (path.is_file() or path.is_dir()) or path.is_symlink():
                 raise ValueError(f"{path}: a checkpoint may hold only regular files and folders")

@@ -11,29 +11,45 @@ the versions that an upstream still lists and that it holds completely. A versio
 upstreams dropped is delisted at once and deleted after ``grace_s`` seconds. Shards that
 survive in a staging directory after a restart are re-hashed and kept (resume).
 Relays chain: a relay's upstream can be another relay.
+
+The relay does not trust its own store: its ``guard`` (serve it with
+``start_server(root, guard=relay.guard)``) checks every shard against the manifest
+before it is served, once per state of the file and again every ``rehash_s`` seconds.
+A shard that fails is deleted and fetched again from upstream at once (``heal``); a
+version whose manifest is missing or unreadable is dropped and mirrored again. Clients
+get ``503`` for that shard meanwhile and retry, so one corrupted file costs a retry,
+not the swarm's progress.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import blake3
 
-from swarmrl.shardcast.client import (
-    FetchError,
-    ServerChooser,
-    ShardDownloader,
-    TransferStats,
+from swarmrl.shardcast.choice import ServerChooser, probe_servers
+from swarmrl.shardcast.discovery import (
     VersionSource,
     normalize_server,
-    probe_servers,
     read_distributions,
     resolve_version,
 )
-from swarmrl.shardcast.layout import MANIFEST_FILE, Manifest, ShardInfo, VersionEntry, shard_name
+from swarmrl.shardcast.downloader import ShardDownloader, ShardTarget, TransferStats
+from swarmrl.shardcast.errors import FetchError
+from swarmrl.shardcast.integrity import ShardGuard, hash_span
+from swarmrl.shardcast.layout import (
+    MANIFEST_FILE,
+    LayoutError,
+    Manifest,
+    ShardInfo,
+    VersionEntry,
+    shard_name,
+)
 from swarmrl.shardcast.store import VersionStore, atomic_write
 
 log = logging.getLogger(__name__)
@@ -52,6 +68,7 @@ class Relay:
         concurrency: int = 8,
         timeout: float = 10.0,
         max_attempts: int = 6,
+        rehash_s: float = 600.0,
     ) -> None:
         if not upstreams:
             raise ValueError("a relay needs at least one upstream server URL")
@@ -61,15 +78,20 @@ class Relay:
         self.concurrency = concurrency
         self.timeout = timeout
         self.max_attempts = max_attempts
+        self.rehash_s = rehash_s
         self.stats = TransferStats()
+        self.guard = ShardGuard(self.store.root, self.report_damage)
+        self._damaged: set[tuple[int, int | None]] = set()
+        self._damage_lock = threading.Lock()
+        self._wake = threading.Event()
         self.stopped = threading.Event()
 
     def upstream_listing(self) -> dict[int, VersionEntry] | None:
         """Versions any upstream lists (the entry most upstreams agree on); None if none answered."""
         listings = [
-            l
-            for l in read_distributions(self.upstreams, self.timeout).values()
-            if isinstance(l, dict)
+            listing
+            for listing in read_distributions(self.upstreams, self.timeout).values()
+            if isinstance(listing, dict)
         ]
         if not listings:
             return None
@@ -88,7 +110,11 @@ class Relay:
                 ", ".join(self.upstreams),
             )
             return []
-        held = {v: e for v, e in self.store.listed().items() if upstream.get(v) == e}
+        held = {
+            v: e
+            for v, e in self.store.listed().items()
+            if upstream.get(v) == e and self.store.version_dir(v).is_dir()
+        }
         added = []
         for version in sorted(set(upstream) - set(held), reverse=True):
             if self.stopped.is_set():
@@ -107,18 +133,10 @@ class Relay:
         self.store.announce(sorted(held.values(), key=lambda e: e.version))
         return added
 
-    def _mirror(self, version: int) -> Manifest:
-        source = resolve_version(self.upstreams, version, timeout=self.timeout)
-        staging = self.store.staging_dir(version)
-        staging.mkdir(exist_ok=True)
-        done = self._verified_shards(staging, source)
-
-        def target(index: int) -> tuple[Path, int]:
-            return staging / shard_name(index), 0
-
+    def _downloader(self, source: VersionSource, target: ShardTarget) -> ShardDownloader:
         chooser = ServerChooser(list(source.servers))
         probe_servers(chooser, self.timeout)
-        downloader = ShardDownloader(
+        return ShardDownloader(
             source,
             chooser,
             target,
@@ -127,26 +145,32 @@ class Relay:
             max_attempts=self.max_attempts,
             stats=self.stats,
         )
-        downloader.run([i for i in range(source.entry.num_shards) if i not in done])
+
+    def _mirror(self, version: int) -> Manifest:
+        source = resolve_version(self.upstreams, version, timeout=self.timeout)
+        staging = self.store.staging_dir(version)
+        staging.mkdir(exist_ok=True)
+        done = self._verified_shards(staging, source)
+        self._downloader(source, lambda index, _: (staging / shard_name(index), 0)).run(
+            [i for i in range(source.entry.num_shards) if i not in done]
+        )
         manifest = self._check_whole(staging, source)
         atomic_write(staging / MANIFEST_FILE, manifest.to_json().encode())
         self.store.install(version, staging)
+        self.guard.trust(version, manifest)
         log.info("relay now holds v%d (%d shards)", version, source.entry.num_shards)
         return manifest
 
     def _verified_shards(self, staging: Path, source: VersionSource) -> set[int]:
         if source.manifest is None:
             return set()
-        done = set()
-        for index, shard in enumerate(source.manifest.shards):
-            path = staging / shard_name(index)
-            if path.exists() and path.stat().st_size == shard.size:
-                hasher = blake3.blake3()
-                if shard.size:
-                    hasher.update_mmap(str(path))
-                if hasher.hexdigest() == shard.blake3:
-                    done.add(index)
-        return done
+        return {
+            index
+            for index, shard in enumerate(source.manifest.shards)
+            if (staging / shard_name(index)).exists()
+            and (staging / shard_name(index)).stat().st_size == shard.size
+            and hash_span(staging / shard_name(index)) == shard.blake3
+        }
 
     def _check_whole(self, staging: Path, source: VersionSource) -> Manifest:
         """Hash the shards in order; return the manifest they prove, or raise FetchError."""
@@ -175,14 +199,89 @@ class Relay:
             tuple(shards),
         )
 
-    def run(self) -> None:
-        """Sync until ``stop()``; errors in one round are logged and retried next round."""
-        while not self.stopped.is_set():
+    # ------------------------------------------------------------------------- self-healing
+
+    def report_damage(self, version: int, index: int | None) -> None:
+        """Called by the guard: shard ``index`` (None: the whole version) must be fetched again."""
+        with self._damage_lock:
+            if (version, index) in self._damaged:
+                return
+            self._damaged.add((version, index))
+        what = f"shard {index + 1}" if index is not None else "the manifest"
+        log.warning("v%d: %s failed its integrity check; fetching it again", version, what)
+        self._wake.set()
+
+    def heal(self) -> None:
+        """Fetch again what the guard reported damaged; what cannot be fetched now is retried.
+
+        A report stays pending until its repair is done, so clients asking for the shard
+        meanwhile do not queue it twice.
+        """
+        with self._damage_lock:
+            damaged = sorted(self._damaged, key=lambda d: (d[0], -1 if d[1] is None else d[1]))
+        for version, index in damaged:
             try:
+                if index is None:
+                    self._drop(version)
+                else:
+                    self._repair_shard(version, index)
+            except (FetchError, OSError, LayoutError) as exc:
+                log.warning("could not repair v%d yet (retrying next round): %s", version, exc)
+                continue
+            with self._damage_lock:
+                self._damaged.discard((version, index))
+
+    def _repair_shard(self, version: int, index: int) -> None:
+        directory = self.store.version_dir(version)
+        try:
+            manifest = Manifest.from_json((directory / MANIFEST_FILE).read_bytes())
+        except (OSError, LayoutError):
+            self._drop(version)
+            return
+        listing = self.upstream_listing()
+        if listing is None:
+            raise FetchError(f"no upstream answered ({', '.join(self.upstreams)})")
+        if listing.get(version) != manifest.entry:
+            # retired or replaced upstream: this copy cannot be healed and is on its way out
+            self._drop(version)
+            return
+        upstream = resolve_version(self.upstreams, version, timeout=self.timeout)
+        # Checked against the manifest this relay proved when it mirrored the version.
+        source = VersionSource(upstream.entry, upstream.servers, manifest)
+        repair = directory / f".repair-{shard_name(index)}"
+        repair.unlink(missing_ok=True)
+        try:
+            self._downloader(source, lambda _index, _offset: (repair, 0)).run([index])
+            os.replace(repair, directory / shard_name(index))
+        finally:
+            repair.unlink(missing_ok=True)
+        log.warning("v%d: shard %d fetched again from upstream", version, index + 1)
+
+    def _drop(self, version: int) -> None:
+        """Delist and delete a version; the next sync mirrors it again if upstream lists it."""
+        listed = self.store.listed()
+        listed.pop(version, None)
+        self.store.announce(sorted(listed.values(), key=lambda e: e.version))
+        shutil.rmtree(self.store.version_dir(version), ignore_errors=True)
+        with self._damage_lock:
+            self._damaged = {d for d in self._damaged if d[0] != version}
+        log.warning("v%d dropped; it is mirrored again from upstream", version)
+
+    def run(self) -> None:
+        """Heal and sync until ``stop()``; errors in one round are logged and retried next round."""
+        next_rehash = time.monotonic() + self.rehash_s
+        while not self.stopped.is_set():
+            self._wake.clear()
+            try:
+                self.heal()
                 self.sync_once()
             except Exception:
                 log.exception("relay sync round failed; retrying in %.1f s", self.poll_s)
-            self.stopped.wait(self.poll_s)
+            if time.monotonic() >= next_rehash:
+                self.guard.forget()
+                next_rehash = time.monotonic() + self.rehash_s
+            self._wake.wait(self.poll_s)
 
     def stop(self) -> None:
         self.stopped.set()
+        self._wake.set()

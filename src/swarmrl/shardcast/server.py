@@ -6,6 +6,11 @@ File bodies go out through aiohttp's ``FileResponse``, which uses ``loop.sendfil
 kernel copies page cache to socket) and answers ``Range`` with 206. The server binds to
 127.0.0.1 unless told otherwise. It counts what it serves: ``GET /stats.json`` or
 ``ServerHandle.stats`` give the body bytes of every completed file response.
+
+A relay's server is given a ``ShardGuard``: a shard is served only once the guard has
+seen it hold its manifest's bytes (hashed once, and again whenever the file changed);
+a damaged or missing shard (or manifest) is answered ``503`` with ``Retry-After`` while
+the relay fetches it again, which both our client and the reference client retry.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from swarmrl.shardcast.integrity import ShardCheck, ShardGuard
 from swarmrl.shardcast.layout import DISTRIBUTION_FILE, MANIFEST_FILE, PROBE_FILE, shard_index
 
 DEFAULT_HOST = "127.0.0.1"
@@ -65,13 +71,27 @@ class _CountedFileResponse(web.FileResponse):
         return writer
 
 
-def make_app(root: Path, stats: ServerStats) -> web.Application:
+def make_app(root: Path, stats: ServerStats, guard: ShardGuard | None = None) -> web.Application:
     root = Path(root).resolve()
 
     async def send(
         request: web.Request, path: Path, is_shard: bool, headers: dict[str, str] | None = None
-    ):
+    ) -> web.StreamResponse:
         return _CountedFileResponse(path, stats, is_shard, headers)
+
+    async def check(version: int, index: int, path: Path) -> None:
+        """Refuse a shard the guard cannot vouch for (hashing runs off the event loop)."""
+        if guard is None or guard.is_trusted(path):
+            return
+        loop = asyncio.get_running_loop()
+        verdict = await loop.run_in_executor(None, guard.check, version, index)
+        if verdict is ShardCheck.NOT_FOUND:
+            raise web.HTTPNotFound()
+        if verdict is ShardCheck.REPAIRING:
+            raise web.HTTPServiceUnavailable(
+                text=f"v{version}/{path.name} failed its integrity check; fetching it again\n",
+                headers={"Retry-After": "1"},
+            )
 
     async def distribution(request: web.Request):
         return await send(request, root / DISTRIBUTION_FILE, False, {"Cache-Control": "no-store"})
@@ -79,12 +99,25 @@ def make_app(root: Path, stats: ServerStats) -> web.Application:
     async def probe(request: web.Request):
         return await send(request, root / PROBE_FILE, False)
 
-    async def version_file(request: web.Request):
+    async def version_file(request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
-        is_shard = shard_index(name) is not None
-        if not is_shard and name != MANIFEST_FILE:
+        version = int(request.match_info["version"])
+        index = shard_index(name)
+        if index is None and name != MANIFEST_FILE:
             raise web.HTTPNotFound()
-        return await send(request, root / f"v{int(request.match_info['version'])}" / name, is_shard)
+        path = root / f"v{version}" / name
+        if index is not None:
+            await check(version, index, path)
+        elif guard is not None:
+            loop = asyncio.get_running_loop()
+            if await loop.run_in_executor(None, guard.manifest, version) is None:
+                if not path.parent.is_dir():
+                    raise web.HTTPNotFound()
+                raise web.HTTPServiceUnavailable(
+                    text=f"v{version}/{name} is damaged; mirroring the version again\n",
+                    headers={"Retry-After": "1"},
+                )
+        return await send(request, path, index is not None)
 
     async def stats_json(request: web.Request):
         return web.Response(text=json.dumps(stats.as_dict()), content_type="application/json")
@@ -98,11 +131,11 @@ def make_app(root: Path, stats: ServerStats) -> web.Application:
 
 
 async def serve(
-    root: Path, host: str = DEFAULT_HOST, port: int = 0
+    root: Path, host: str = DEFAULT_HOST, port: int = 0, guard: ShardGuard | None = None
 ) -> tuple[web.AppRunner, int, ServerStats]:
     """Start serving ``root`` on the running loop; return the runner, the bound port and the stats."""
     stats = ServerStats()
-    runner = web.AppRunner(make_app(root, stats), access_log=None)
+    runner = web.AppRunner(make_app(root, stats, guard), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=512)
     await site.start()
@@ -134,7 +167,9 @@ class ServerHandle:
         self._thread.join(timeout=10)
 
 
-def start_server(root: Path, host: str = DEFAULT_HOST, port: int = 0) -> ServerHandle:
+def start_server(
+    root: Path, host: str = DEFAULT_HOST, port: int = 0, guard: ShardGuard | None = None
+) -> ServerHandle:
     """Serve ``root`` from a background thread (port 0 picks a free port; see ``.url``)."""
     loop = asyncio.new_event_loop()
     started: dict = {}
@@ -143,8 +178,8 @@ def start_server(root: Path, host: str = DEFAULT_HOST, port: int = 0) -> ServerH
     def run() -> None:
         asyncio.set_event_loop(loop)
         try:
-            started["result"] = loop.run_until_complete(serve(root, host, port))
-        except BaseException as exc:
+            started["result"] = loop.run_until_complete(serve(root, host, port, guard))
+        except BaseException as exc:  # noqa: BLE001 - re-raised by start_server below
             started["error"] = exc
             ready.set()
             return

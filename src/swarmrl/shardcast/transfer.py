@@ -108,7 +108,7 @@ def get_stream(
 
         def too_slow() -> TransferError:
             return TransferError(
-                f"GET {url}: slower than {min_rate / 1024:.0f} KiB/s ({received} of {length} bytes "
+                f"GET {url}: slower than {(min_rate or 0) / 1024:.0f} KiB/s ({received} of {length} bytes "
                 f"in {time.monotonic() - started:.1f} s)"
             )
 
