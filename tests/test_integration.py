@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from swarmrl.checkpoints import list_checkpoints
 from swarmrl.rollouts import RolloutMeta, read_rollouts, write_rollouts
 from swarmrl.trainer.trainer import read_metrics
@@ -28,10 +30,13 @@ SMALL = [
     "2",
 ]
 
+# Each test starts whole swarms of processes (minutes): `pytest -m "not slow"` skips them.
+pytestmark = pytest.mark.slow
+
 
 def _swarmrl(*args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "swarmrl", *args], capture_output=True, text=True, **kw
+        [sys.executable, "-m", "swarmrl", *args], capture_output=True, text=True, check=False, **kw
     )
 
 

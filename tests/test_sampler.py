@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import torch
-from tests.conftest import random_model
 
+from helpers import random_model
 from swarmrl.checkpoints import load_policy
 from swarmrl.inference.sampler import SamplingParams, draw, sample, uniforms
 
