@@ -1,6 +1,6 @@
 """The client: download a version from several servers at once, verify it, unpack it.
 
-How a download goes (DESIGN §4.4):
+How a download goes (docs/architecture.md §4.4):
 1. Read ``distribution.txt`` from every server. The version (newest listed by any server
    when none is asked for) is taken from the servers that list it with the same hash
    (the largest such group; a relay announcing other bytes is left out).
