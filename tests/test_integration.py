@@ -131,12 +131,11 @@ def test_run_async2_respects_the_bound_and_survives_bad_files(tmp_path, warm_mod
         )
         assert last["policy_step"] >= 1
     assert any((out / "t" / "worker_cache").glob("worker-*/v*"))
-    # Proofs were built off the generation loop and reported in the summary; a file the
-    # workers wrote that way passes the real validator.
-    assert (
-        0 < summary["proof_share_of_generation"] < 1
-        and summary["proof_wait_share_of_generation"] >= 0
-    )
+    # Proofs were built off the generation loop: the loops waited for them for less time
+    # than building them took. A file the workers wrote that way passes the real validator.
+    proof_share = summary["proof_share_of_generation"]
+    assert 0 < proof_share < 1
+    assert 0 <= summary["proof_wait_share_of_generation"] < proof_share, summary
     kept = set(list_checkpoints(out / "t" / "checkpoints"))
     worker_files = sorted((out / "t" / "rollouts").glob("step_*/worker-*.parquet"), reverse=True)
     checked = next(
