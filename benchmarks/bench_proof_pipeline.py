@@ -90,7 +90,7 @@ def main() -> None:
             target_lengths=cfg.task.target_lengths,
         )
         batch = generate_rollouts(
-            model, tok, task, plan, params, 0, cfg.task.length_penalty, proofs=proofs
+            model, tok, task, plan, params, 0, cfg.task.length_alpha, proofs=proofs
         )
         meta = RolloutMeta(
             run_id="bench",

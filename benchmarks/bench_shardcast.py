@@ -3,7 +3,7 @@
     python benchmarks/bench_shardcast.py                  # 1 GB version, 50 MB shards (the setting)
     python benchmarks/bench_shardcast.py --size-mb 100    # quick run
 
-Every figure is a ratio measured side by side in one run (DESIGN §5), each repeat
+Every figure is a ratio measured side by side in one run (docs/architecture.md §5), each repeat
 running the three downloads back to back in rotating order against the same origin
 server (a separate process), with ``os.sync()`` before each so earlier writes do not
 slow the next one. Reported per ratio: the median over repeats.

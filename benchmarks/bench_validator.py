@@ -95,7 +95,7 @@ def main() -> None:
                 group_size=cfg.sampling.group_size,
                 target_lengths=cfg.task.target_lengths,
             )
-            batch = generate_rollouts(model, tok, task, plan, params, 0, cfg.task.length_penalty)
+            batch = generate_rollouts(model, tok, task, plan, params, 0, cfg.task.length_alpha)
             cols = batch.columns
             meta = RolloutMeta(
                 run_id="bench",

@@ -6,38 +6,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from swarmrl.model.build import WarmStartRecipe, build_default_model
-from swarmrl.model.tokenizer import build_char_tokenizer
-
-
-def random_model(kind: str = "llama", hidden: int = 64, layers: int = 2, seed: int = 0):
-    """A random-init tiny causal LM with the char tokenizer."""
-    tok = build_char_tokenizer()
-    torch.manual_seed(seed)
-    common = {
-        "vocab_size": len(tok),
-        "hidden_size": hidden,
-        "intermediate_size": 2 * hidden,
-        "num_hidden_layers": layers,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 256,
-        "pad_token_id": tok.pad_token_id,
-        "bos_token_id": tok.bos_token_id,
-        "eos_token_id": tok.eos_token_id,
-    }
-    model = (
-        LlamaForCausalLM(LlamaConfig(**common))
-        if kind == "llama"
-        else Qwen2ForCausalLM(Qwen2Config(**common))
-    )
-    return model.eval(), tok
 
 
 @pytest.fixture(scope="session")
-def warm_model_dir(tmp_path_factory) -> Path:
+def warm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A briefly warm-started embedded model (emits the worked format, often EOS)."""
     dest = tmp_path_factory.mktemp("models") / "tiny"
-    return build_default_model(dest, WarmStartRecipe(steps=150, batch_size=32, lr=5e-3))
+    # One thread: on a busy machine torch's second thread spins against the other
+    # processes, and these small products run several times slower with it.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return build_default_model(dest, WarmStartRecipe(steps=150, batch_size=32, lr=5e-3))
+    finally:
+        torch.set_num_threads(threads)

@@ -42,7 +42,7 @@ def test_bad_value_names_the_field(flag, value, field):
 def test_unknown_toml_key_is_an_error(tmp_path):
     toml = tmp_path / "c.toml"
     toml.write_text("[trainer]\nlearning_rate = 0.1\n")
-    with pytest.raises(ConfigError, match="trainer.learning_rate"):
+    with pytest.raises(ConfigError, match=r"trainer\.learning_rate"):
         load_config(toml)
 
 
@@ -61,6 +61,7 @@ def test_cli_exits_at_start_with_one_line(tmp_path):
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,
     )
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -111,3 +112,49 @@ def test_user_task_files_build_from_config(tmp_path):
     assert [p.answer for p in task.eval_problems()] == ["2", "4"]
     code = build_task(load_config(examples / "code.toml").task)
     assert len(code.eval_problems()) == 2
+
+
+def test_length_alpha_sets_the_rewards_coefficient(tmp_path):
+    from swarmrl.rewards import score_sample
+
+    toml = tmp_path / "c.toml"
+    toml.write_text("[task]\nlength_alpha = 0.05\n")
+    cfg = load_config(toml)
+    assert cfg.task.length_alpha == 0.05
+    reward = score_sample(1.0, 40, 32, cfg.task.length_alpha)
+    assert reward.length_penalty == pytest.approx(0.4) and reward.total == pytest.approx(0.6)
+    assert load_config().task.length_alpha == 0.03  # the embedded default
+
+
+@pytest.mark.parametrize("source", ["toml", "flag"])
+def test_old_length_penalty_key_still_works_with_a_deprecation_message(tmp_path, caplog, source):
+    toml = tmp_path / "old.toml"
+    toml.write_text("[task]\nlength_penalty = 0.06\n")
+    argv = ["run", "--config", str(toml)] if source == "toml" else ["run"]
+    if source == "flag":
+        argv += ["--task.length_penalty", "0.06"]
+    with caplog.at_level("WARNING", logger="swarmrl.config"):
+        cfg = config_from_args(build_parser().parse_args(argv))
+    assert cfg.task.length_alpha == 0.06
+    assert "length_penalty" not in cfg.task.model_dump()
+    assert any(
+        "task.length_penalty is deprecated" in r.message and "task.length_alpha" in r.message
+        for r in caplog.records
+    )
+
+
+def test_old_and_new_length_key_together_is_an_error():
+    args = build_parser().parse_args(
+        ["run", "--task.length_alpha", "0.01", "--task.length_penalty", "0.02"]
+    )
+    with pytest.raises(ConfigError, match=r"task.length_penalty .* task.length_alpha"):
+        config_from_args(args)
+
+
+def test_examples_use_length_alpha():
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    for toml in sorted(examples.glob("*.toml")):
+        assert "length_penalty" not in toml.read_text(), toml.name
+        assert load_config(toml).task.length_alpha > 0, toml.name

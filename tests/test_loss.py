@@ -1,4 +1,4 @@
-"""The GRPO loss against hand-computed numbers (DESIGN §3)."""
+"""The GRPO loss against hand-computed numbers (docs/architecture.md §3)."""
 
 import math
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import torch
-from tests.conftest import random_model
 
+from helpers import random_model
 from swarmrl.checkpoints import load_policy
 from swarmrl.inference.sampler import SamplingParams, draw, sample, uniforms
 
@@ -43,6 +43,7 @@ def test_samples_do_not_depend_on_batch_composition():
     assert alone.tokens == crowd.tokens
 
 
+@pytest.mark.slow  # builds a warm-started model (about 150 training steps)
 def test_finished_sequences_stop_and_record_eos(warm_model_dir):
     model, tok = load_policy(warm_model_dir)
     params = SamplingParams(temperature=0.6, max_new_tokens=60, eos_token_id=tok.eos_token_id)
@@ -57,6 +58,7 @@ def test_finished_sequences_stop_and_record_eos(warm_model_dir):
         assert np.all(g.logprobs <= 0)
 
 
+@pytest.mark.slow  # builds a warm-started model (about 150 training steps)
 def test_rows_leaving_the_batch_and_cache_growth_change_nothing(warm_model_dir):
     """The fast path drops finished rows mid-loop and grows its cache in steps; each
     sample must still equal the generic path's (which does neither)."""

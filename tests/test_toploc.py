@@ -29,7 +29,8 @@ from swarmrl.toploc import (
     verify_proofs_batch,
 )
 
-VECTOR_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "vectors" / "toploc"
+# The reference toploc 0.1.6 package's public test vectors, kept as published.
+VECTOR_DIR = Path(__file__).resolve().parent / "data" / "toploc"
 P = 65497
 
 
@@ -38,7 +39,7 @@ def _load_cases() -> list[dict]:
     missing = [str(f) for f in files if not f.exists()]
     if missing:
         # The vectors are the byte-compatibility oracle: their absence is a failure.
-        pytest.fail(f"TOPLOC test vectors missing: {missing}; expected shared/ beside the repo")
+        pytest.fail(f"TOPLOC test vectors missing: {missing}; they belong in tests/data/toploc/")
     cases = []
     for f in files:
         opener = gzip.open if f.suffix == ".gz" else open
@@ -113,7 +114,7 @@ def test_reference_vectors_in_one_batch() -> None:
         ]
 
 
-# --- an independent, slow oracle: the algorithm of DESIGN §4.3 in plain Python -------
+# --- an independent, slow oracle: docs/architecture.md §4.3 in plain Python ----------------
 
 
 def _oracle_proof(chunk: torch.Tensor, topk: int) -> bytes:

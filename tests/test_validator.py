@@ -6,8 +6,8 @@ import argparse
 
 import numpy as np
 import torch
-from tests.conftest import random_model
 
+from helpers import random_model
 from swarmrl.inference.fast_llama import length_batches
 from swarmrl.rewards import group_advantages
 from swarmrl.runfolder import RunFolder

@@ -118,7 +118,7 @@ def write(s: Swarm, counter: int, columns: dict, name: str | None = None) -> Pat
 
 def honest_columns(s: Swarm, counter: int) -> dict:
     return generate_rollouts(
-        s.model, s.tok, s.task, assignment(s, counter), s.params, STEP, s.cfg.task.length_penalty
+        s.model, s.tok, s.task, assignment(s, counter), s.params, STEP, s.cfg.task.length_alpha
     ).columns
 
 
@@ -141,7 +141,7 @@ def rescore(s: Swarm, cols: dict) -> dict:
             s.task.score(problems[pid], completion_text(s.tok, out, s.tok.eos_token_id)),
             target,
             len(out),
-            s.cfg.task.length_penalty,
+            s.cfg.task.length_alpha,
         )
         cols["task_rewards"].append(r.task_reward)
         cols["length_penalties"].append(r.length_penalty)
@@ -229,7 +229,7 @@ def test_other_weights_than_claimed(swarm):
         assignment(swarm, 1),
         swarm.params,
         STEP,
-        swarm.cfg.task.length_penalty,
+        swarm.cfg.task.length_alpha,
     ).columns
     path = write(swarm, 1, cols)
     out = subprocess.run(
@@ -482,7 +482,7 @@ def test_honest_workers_are_never_rejected(swarm):
                 merged,
                 swarm.params,
                 STEP,
-                swarm.cfg.task.length_penalty,
+                swarm.cfg.task.length_alpha,
             ).columns
             rows = per_file * g
             for k in range(files):

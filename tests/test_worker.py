@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 
 import pytest
-from tests.conftest import random_model
 
+from helpers import random_model
 from swarmrl.assignment import assign
 from swarmrl.inference.finisher import FileFinisher
 from swarmrl.inference.rollout import attach_proofs, generate_rollouts

@@ -1,4 +1,4 @@
-"""Deterministic prompt assignment (DESIGN §2).
+"""Deterministic prompt assignment (docs/architecture.md §2).
 
 Which prompts a worker answers, with which target lengths and sampling seeds, follows
 from a seed derived from (run seed, worker address, step, submission counter). A worker

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -16,6 +17,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from swarmrl.runfolder import RunFolder
+
+logger = logging.getLogger(__name__)
 
 
 class _Section(BaseModel):
@@ -54,11 +57,29 @@ class TaskConfig(_Section):
         [32, 40],
         description="target completion lengths (tokens), one sampled per prompt and written into it; empty = no length target",
     )
-    length_penalty: float = Field(
+    length_alpha: float = Field(
         0.03,
         ge=0,
         description="alpha in reward = task reward - alpha*|target - length| (paper: 3e-4 for thousands of tokens)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        # task.length_penalty was the old name of length_alpha; configs that use it keep working.
+        if not isinstance(data, dict) or "length_penalty" not in data:
+            return data
+        data = dict(data)
+        old = data.pop("length_penalty")
+        if "length_alpha" in data:
+            raise ValueError(
+                "task.length_penalty is the old name of task.length_alpha; give only length_alpha"
+            )
+        logger.warning(
+            "task.length_penalty is deprecated: rename it task.length_alpha (the same coefficient)"
+        )
+        data["length_alpha"] = old
+        return data
 
     @model_validator(mode="after")
     def _needs_path(self) -> TaskConfig:
@@ -231,6 +252,13 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
             default=None,
             help=f"{field.description} [default: {json.dumps(default)}]",
         )
+    # Old names still accepted (the model maps them and warns), no longer advertised.
+    parser.add_argument(
+        "--task.length_penalty",
+        dest="cfg__task.length_penalty",
+        default=None,
+        help=argparse.SUPPRESS,
+    )
 
 
 def _parse_flag(value: str) -> Any:

@@ -1,4 +1,4 @@
-"""Rewards and group advantages (DESIGN §3): pure functions, no I/O."""
+"""Rewards and group advantages (docs/architecture.md §3): pure functions, no I/O."""
 
 from __future__ import annotations
 
@@ -25,7 +25,10 @@ class Reward:
 
 
 def length_penalty(target_length: int | None, completion_length: int, alpha: float) -> float:
-    """alpha * |target - length|; zero when the prompt has no target (target None or < 0)."""
+    """alpha * |target - length|; zero when the prompt has no target (target None or < 0).
+
+    alpha is the run's ``task.length_alpha``; the result is the sample's length penalty.
+    """
     if target_length is None or target_length < 0:
         return 0.0
     return alpha * abs(target_length - completion_length)

@@ -40,7 +40,7 @@ def generate_rollouts(
     assignment: Assignment,
     params: SamplingParams,
     policy_step: int,
-    length_penalty: float,
+    length_alpha: float,
     capture_hidden: bool = True,
     proofs: bool = True,
 ) -> RolloutBatch:
@@ -87,7 +87,7 @@ def generate_rollouts(
     for gen, p_idx, prompt, seed in zip(gens, owners, prompts, seeds, strict=True):
         problem, target = problems[p_idx], assignment.target_lengths[p_idx]
         text = completion_text(tokenizer, gen.tokens, params.eos_token_id)
-        reward = score_sample(task.score(problem, text), target, len(gen.tokens), length_penalty)
+        reward = score_sample(task.score(problem, text), target, len(gen.tokens), length_alpha)
         rewards.append(reward.total)
         cols["problem_id"].append(problem.problem_id)
         cols["input_tokens"].append(prompt)

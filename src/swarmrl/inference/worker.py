@@ -238,7 +238,7 @@ def run_worker(cfg: RunConfig, address: str) -> int:
                 assignment,
                 params,
                 policy_step,
-                cfg.task.length_penalty,
+                cfg.task.length_alpha,
                 proofs=False,
             )
             meta = RolloutMeta(

@@ -1,4 +1,4 @@
-"""Rollout files: the Parquet format workers write and trainers and validators read (DESIGN §4.2)."""
+"""Rollout files: the Parquet format workers write and trainers and validators read (docs/architecture.md §4.2)."""
 
 from swarmrl.rollouts.files import (
     SCHEMA,

@@ -1,4 +1,4 @@
-"""SHARDCAST: broadcast checkpoints from an origin through a tree of HTTP relays (DESIGN §4.4).
+"""SHARDCAST: broadcast checkpoints from an origin through a tree of HTTP relays (docs/architecture.md §4.4).
 
 layout     the wire format (distribution.txt, shard names, manifest)
 store      a server root on disk (install, announce, retire)

@@ -1,6 +1,6 @@
 """The client: download a version from several servers at once, verify it, unpack it.
 
-How ``fetch`` goes (DESIGN §4.4), one module per step:
+How ``fetch`` goes (docs/architecture.md §4.4), one module per step:
 1. ``discovery``: read ``distribution.txt`` from every server and settle which version,
    which servers hold the same bytes, and its manifest (per-shard BLAKE3) if a server
    has one (ours do; the reference origin does not).

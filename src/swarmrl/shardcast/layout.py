@@ -1,6 +1,6 @@
 """The SHARDCAST wire layout: distribution.txt lines, shard names and the per-version manifest.
 
-Pure functions only (DESIGN §4.4). A server directory looks like this:
+Pure functions only (docs/architecture.md §4.4). A server directory looks like this:
 
     distribution.txt          one line per live version: ``v<N>: <blake3 of file>|<shards>``
     data1.bin                 probe file that clients time to seed their bandwidth estimate

@@ -1,1 +1,1 @@
-"""Tasks: a prompt source plus a verifier (DESIGN §3)."""
+"""Tasks: a prompt source plus a verifier (docs/architecture.md §3)."""

@@ -12,7 +12,7 @@ Proof bytes come from untrusted workers, so ``parse_proof`` checks every field a
 raises ``ProofFormatError`` (a ``ValueError``) naming the problem; it never reads
 past the buffer and its cost is linear in the length.
 
-A rollout file stores a sequence's proofs concatenated (DESIGN §4.2). The pieces are
+A rollout file stores a sequence's proofs concatenated (docs/architecture.md §4.2). The pieces are
 not self-delimiting: every chunk proof has 2 + 2·min(topk, values in the chunk)
 bytes, so splitting needs the number of tokens, the hidden size, the chunk size and
 topk. ``chunk_points`` gives those lengths, ``bytes_to_proofs`` splits and checks.

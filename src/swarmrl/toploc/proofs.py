@@ -1,4 +1,4 @@
-"""Build and verify TOPLOC proofs of a sequence's final hidden states (DESIGN §4.3).
+"""Build and verify TOPLOC proofs of a sequence's final hidden states (docs/architecture.md §4.3).
 
 The proven tensor is the bf16 hidden state after the final norm, one row per
 generated token. Rows are grouped in chunks of ``chunk_size`` (the last may be

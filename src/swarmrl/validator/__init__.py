@@ -1,4 +1,4 @@
-"""The validator: re-check an untrusted worker's rollout file (DESIGN §4.3).
+"""The validator: re-check an untrusted worker's rollout file (docs/architecture.md §4.3).
 
 One batched prefill of the claimed checkpoint (``prefill``) recomputes what every
 sampled token saw; pure checks (``checks``) compare the file with it: consistency,

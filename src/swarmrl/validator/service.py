@@ -13,8 +13,8 @@ they arrive, and write one verdict per judged file.
   ``trainer.keep_checkpoints``) is logged as ``skipped``, not held against the worker.
 - It ends once the trainer has finished and every file present has been seen.
 
-The trainer does not wait for verdicts: in DESIGN a reject slashes the worker through
-the orchestrator's ledger, which this project does not have yet.
+The trainer does not wait for verdicts: once the pool exists, a reject slashes the worker
+through the orchestrator's ledger (docs/architecture.md §2, planned).
 """
 
 from __future__ import annotations

@@ -217,7 +217,7 @@ def validate_rollouts(
         checks.check_values(
             rows,
             task_rewards,
-            alpha=cfg.task.length_penalty,
+            alpha=cfg.task.length_alpha,
             group_size=group,
             tolerance=settings.value_tolerance,
         )

@@ -1,0 +1,41 @@
+"""Test helpers imported by several test modules (tests/ is on pytest's `pythonpath`)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from swarmrl.model.tokenizer import build_char_tokenizer
+
+
+def random_model(
+    kind: str = "llama", hidden: int = 64, layers: int = 2, seed: int = 0
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """A random-init tiny causal LM (`llama` or `qwen2`) with the char tokenizer."""
+    tok = build_char_tokenizer()
+    torch.manual_seed(seed)
+    common = {
+        "vocab_size": len(tok),
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "pad_token_id": tok.pad_token_id,
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+    }
+    model = (
+        LlamaForCausalLM(LlamaConfig(**common))
+        if kind == "llama"
+        else Qwen2ForCausalLM(Qwen2Config(**common))
+    )
+    return model.eval(), tok
