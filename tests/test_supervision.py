@@ -397,3 +397,99 @@ def test_a_run_name_holding_another_model_is_refused_and_left_untouched(tmp_path
         p: (p.stat().st_mtime_ns, p.read_bytes()) for p in (out / "same").rglob("*") if p.is_file()
     }
     assert after == before
+
+
+def _wait_for(what: str, ready, run: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not ready():
+        assert run.poll() is None, f"the run ended while waiting for {what}"
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_chaos_kill_each_role_in_turn_and_the_run_completes_and_learns(tmp_path, warm_model_dir):
+    """kill -9 a worker, the relay, the validator and the trainer, one after the other,
+    each once the run has trained a step since the previous restart. The run finishes
+    by itself, counts the four restarts, trains every step exactly once, and learns:
+    12 small steps lift held-out accuracy by at least 5 points (the default run, 50
+    larger steps, gains about 40 with the same kills: docs/operations.md)."""
+    out = tmp_path / "outputs"
+    folder = RunFolder(out / "c")
+    steps = 12
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "swarmrl",
+            "run",
+            "--model.path",
+            str(warm_model_dir),
+            "--output_dir",
+            str(out),
+            "--run_name",
+            "c",
+            "--trainer.steps",
+            str(steps),
+            "--trainer.batch_samples",
+            "32",
+            "--worker.prompts_per_file",
+            "4",
+            "--sampling.group_size",
+            "4",
+            "--task.eval_size",
+            "128",
+            "--validator.fraction",
+            "0.25",
+            "--supervision.backoff_seconds",
+            "0.5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def pids() -> dict:
+        try:
+            return json.loads(folder.processes.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def trained() -> int:
+        return len(read_metrics(folder.metrics))
+
+    try:
+        for role in ("worker-0", "relay-0", "validator", "trainer"):
+            done = trained()
+            _wait_for(f"a step before killing {role}", lambda d=done: trained() > d, run)
+            victim = pids()[role]["pid"]
+            leftovers = _descendants(victim)
+            os.kill(victim, signal.SIGKILL)
+            _wait_for(
+                f"{role} to be restarted",
+                lambda r=role, v=victim: pids()[r]["restarts"] == 1 and pids()[r]["pid"] != v,
+                run,
+            )
+            assert _still_running(leftovers) == [], f"{role}'s children outlived it"
+        _, stderr = run.communicate(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 0, stderr[-3000:]
+    for role in ("worker-0", "relay-0", "validator", "trainer"):
+        assert f"{role} was killed by SIGKILL; restarting it" in stderr
+    summary = json.loads(folder.summary.read_text())
+    assert summary["restarts"] == {
+        "relay-0": 1,
+        "trainer": 1,
+        "worker-0": 1,
+        "worker-1": 0,
+        "validator": 1,
+    }
+    assert summary["restarts_total"] == 4 and summary["final_step"] == steps
+    records = read_metrics(folder.metrics)
+    assert [r.step for r in records] == list(range(steps))  # contiguous, none twice
+    assert (folder.log("trainer")).read_text().count("resuming run c at step ") == 1
+    gain = summary["accuracy_after"] - summary["accuracy_before"]
+    assert gain >= 0.05, summary

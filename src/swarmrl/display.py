@@ -64,11 +64,13 @@ class _TwoLineProgress(Progress):
 class StepDisplay:
     """Live training progress; `update` with the metrics so far, `say` for a message."""
 
-    def __init__(self, console: Console, total: int, started: float) -> None:
+    def __init__(self, console: Console, total: int, started: float, shown: int = -1) -> None:
+        """`shown`: the last step already trained when the display starts (a resumed
+        run's earlier steps are not printed again)."""
         self.console = console
         self.total = total
         self.started = started
-        self.shown = -1
+        self.shown = shown
         self.live = console.is_terminal
         self.progress = _TwoLineProgress(
             TextColumn("[bold]GRPO"),

@@ -380,7 +380,9 @@ def _run(cfg: RunConfig, console: Console, fresh: bool, supervisor: list[Supervi
     try:
         for role in _roles(cfg, folder, start_model, relay_ports, server_urls.get("origin")):
             sup.start(role)
-        with StepDisplay(console, cfg.trainer.steps, started) as display:
+        earlier = read_metrics(folder.metrics)
+        shown = earlier[-1].step if earlier else -1
+        with StepDisplay(console, cfg.trainer.steps, started, shown) as display:
             sup.notify = display.say
             _supervise(cfg, sup, display)
         served = {name: _server_bytes(url) for name, url in server_urls.items()}
