@@ -28,7 +28,7 @@ from swarmrl.config import (
 )
 from swarmrl.display import StepDisplay, eta_seconds, metrics_line
 from swarmrl.model.tokenizer import build_char_tokenizer
-from swarmrl.run import SwarmError, check_model_dir, wait_report
+from swarmrl.run import SwarmError, check_model_dir, prepare_folder, wait_report
 from swarmrl.runfolder import RunFolder
 from swarmrl.supervisor import Role, Supervisor
 from swarmrl.trainer.metrics import StepMetrics, read_metrics
@@ -137,6 +137,33 @@ def test_run_differences_name_what_the_checkpoints_depend_on(tmp_path):
     assert run_differences(base, more_steps) == []  # extending a run is a resume
     lr = base.model_copy(update={"trainer": base.trainer.model_copy(update={"lr": 1e-3})})
     assert run_differences(base, lr) == ["trainer.lr: 0.0001 -> 0.001"]
+
+
+def test_a_run_folder_is_resumed_only_by_the_same_run(tmp_path):
+    console = Console(file=io.StringIO())
+    cfg = load_config(overrides={"output_dir": str(tmp_path), "run_name": "r"})
+    assert prepare_folder(cfg, fresh=False, console=console) is None  # a new run
+    cfg.folder.root.mkdir()
+    cfg.folder.config.write_text(cfg.model_dump_json())
+    (cfg.folder.checkpoints / "step_000008").mkdir(parents=True)
+    (cfg.folder.checkpoints / "step_000008" / "config.json").write_text("{}")
+    longer = load_config(
+        overrides={"output_dir": str(tmp_path), "run_name": "r", "trainer.steps": 80}
+    )
+    assert prepare_folder(longer, fresh=False, console=console) == 8
+    other = load_config(
+        overrides={"output_dir": str(tmp_path), "run_name": "r", "task.target_lengths": [20]}
+    )
+    with pytest.raises(SwarmError) as err:
+        prepare_folder(other, fresh=False, console=console)
+    assert str(err.value) == (
+        f"run 'r' in {cfg.folder.root} was started with a different task.target_lengths: "
+        f"[32, 40] -> [20]; choose another --run_name, or add --fresh to delete "
+        f"{cfg.folder.root} and start over"
+    )
+    assert cfg.folder.config.exists()  # refused: nothing touched
+    assert prepare_folder(other, fresh=True, console=console) is None
+    assert not cfg.folder.root.exists()
 
 
 @pytest.mark.parametrize("name", ["2024", "run 1", "ab-c_d.e", "null", "true", "[1]"])

@@ -293,6 +293,10 @@ def run_swarm(cfg: RunConfig, console: Console | None = None, fresh: bool = Fals
     signals: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
+        for sup in supervisor:
+            if sup.spawning:
+                sup.deferred_signal = signum
+                return
         signals.append(signum)
         if len(signals) == 1 and not any(sup.stopping for sup in supervisor):
             raise RunInterrupted(signal.Signals(signum).name, signum)

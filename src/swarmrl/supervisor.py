@@ -25,7 +25,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,9 +99,25 @@ class Supervisor:
         self.clock = clock
         self.roles: dict[str, _Running] = {}
         self.stopping = False
+        # A signal handler that would raise while a process is being started and
+        # recorded (leaving a process nobody stops) defers the signal here instead.
+        self.spawning = False
+        self.deferred_signal: int | None = None
+
+    @contextlib.contextmanager
+    def _spawning(self) -> Iterator[None]:
+        self.spawning = True
+        try:
+            yield
+        finally:
+            self.spawning = False
+        if self.deferred_signal is not None:
+            signum, self.deferred_signal = self.deferred_signal, None
+            signal.raise_signal(signum)  # delivered again, now that the process is recorded
 
     def start(self, role: Role) -> None:
-        self.roles[role.name] = _Running(role, self._spawn(role), self.clock())
+        with self._spawning():
+            self.roles[role.name] = _Running(role, self._spawn(role), self.clock())
         self._write_pids()
 
     @property
@@ -135,7 +151,8 @@ class Supervisor:
             ):
                 running.restart_at = None
                 running.restarts.append(now)
-                running.proc = self._spawn(running.role)
+                with self._spawning():
+                    running.proc = self._spawn(running.role)
                 running.started = now
                 self._write_pids()
                 self.notify(
