@@ -1,8 +1,10 @@
 """Fault figures: kill -9 each role of a default `swarmrl run` in turn and measure recovery.
 
-    python benchmarks/bench_faults.py [--steps 50] [--out /tmp/faults]
+    python benchmarks/bench_faults.py [--steps 50] [--out /tmp/faults] [run flags ...]
 
-Starts a default run (the embedded model, every other setting at its default), and each
+Starts a default run (the embedded model, every other setting at its default; any
+further `swarmrl run` flags, e.g. `--model.path DIR --trainer.batch_samples 32`, are
+passed on), and each
 time the trainer has finished a step since the last recovery, sends SIGKILL to the next
 role: worker-0, relay-0, validator, trainer. For each kill it records the seconds until
 `swarmrl run` had restarted the process (from `processes.json`) and until the trainer
@@ -45,7 +47,7 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=50, help="trainer.steps of the run")
     parser.add_argument("--out", type=Path, default=None, help="output_dir (default: a temp dir)")
-    args = parser.parse_args()
+    args, run_flags = parser.parse_known_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="swarmrl-faults-"))
     folder = RunFolder(out / "faults")
     with open(out / "run.log", "w") as log:
@@ -61,6 +63,7 @@ def main() -> None:
                 "faults",
                 "--trainer.steps",
                 str(args.steps),
+                *run_flags,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -102,6 +105,7 @@ def main() -> None:
     print(
         json.dumps(
             {
+                "run_flags": run_flags,
                 "completed": code == 0 and summary.get("final_step") == args.steps,
                 "kills": kills,
                 "accuracy_before": summary.get("accuracy_before"),

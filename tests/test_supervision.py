@@ -100,7 +100,11 @@ def test_a_role_that_keeps_failing_is_restarted_with_backoff_then_ends_the_run(t
         "flaky exited with code 2"
     ] * 2
     # The delay doubled: 0.2 s, then 0.4 s.
-    assert "restarting it in 0 s" in said[0] and sum("restarted" in s for s in said) == 2
+    assert (
+        "restarting it in 0.2 s" in said[0]
+        and "restarting it in 0.4 s" in said[2]
+        and sum("restarted" in s for s in said) == 2
+    )
     assert json.loads((tmp_path / "processes.json").read_text())["flaky"]["restarts"] == 2
 
 

@@ -288,7 +288,7 @@ def _supervise(cfg: RunConfig, sup: Supervisor, display: StepDisplay) -> None:
 def run_swarm(cfg: RunConfig, console: Console | None = None, fresh: bool = False) -> dict:
     """Run the whole swarm and return the summary. Raises SwarmError (a process kept
     failing, or the run folder holds another run) or RunInterrupted (SIGINT/SIGTERM)."""
-    console = console or Console(stderr=True)
+    console = console or Console(stderr=True, soft_wrap=True)  # log lines stay unwrapped
     supervisor: list[Supervisor] = []
     signals: list[int] = []
 

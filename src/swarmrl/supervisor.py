@@ -175,7 +175,7 @@ class Supervisor:
             )
         delay = backoff_delay(len(recent) + 1, policy.backoff_seconds, policy.backoff_max_seconds)
         running.restart_at = now + delay
-        self.notify(f"{role.name} {how}; restarting it in {delay:.0f} s")
+        self.notify(f"{role.name} {how}; restarting it in {delay:.1f} s")
 
     def stop(self) -> None:
         """SIGTERM every process group, wait up to the grace period, then SIGKILL them all."""
