@@ -262,14 +262,15 @@ def test_the_trainers_wait_is_one_readable_line(tmp_path):
     folder.trainer_status.write_text(
         json.dumps({"step": 5, "usable": 48, "needed": 128, "since": now - 600})
     )
-    assert wait_report(folder, now)[2] == (
+    assert wait_report(folder, now, 6) is None  # a status left from an earlier step
+    assert wait_report(folder, now, 5)[2] == (
         "step 5: 48/128 usable samples after 600 s; no worker has written a file for it yet"
     )
     written = folder.rollout_step(5) / "worker-0-00001.parquet"
     written.parent.mkdir(parents=True)
     written.write_bytes(b"x")
     os.utime(written, (now - 30, now - 30))
-    step, waited, line = wait_report(folder, now)
+    step, waited, line = wait_report(folder, now, 5)
     assert (step, round(waited)) == (5, 600)
     assert line.endswith(
         "workers last wrote at " + time.strftime("%H:%M:%S", time.localtime(now - 30))

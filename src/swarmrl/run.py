@@ -167,17 +167,19 @@ def _server_bytes(url: str) -> int | None:
         return None
 
 
-def wait_report(folder: RunFolder, now: float) -> tuple[int, float, str] | None:
-    """The trainer's wait for its step as (step, seconds waited, one line), or None
-    when it is not waiting (or the status is being replaced)."""
+def wait_report(folder: RunFolder, now: float, step: int) -> tuple[int, float, str] | None:
+    """The trainer's wait for `step` (the next step to train) as (step, seconds waited,
+    one line), or None when its status is about another step (a step whose samples were
+    all there at once leaves the previous step's status in place) or being replaced."""
     try:
         status = json.loads(folder.trainer_status.read_text())
-        step, usable, needed, since = (
-            int(status["step"]),
+        usable, needed, since = (
             int(status["usable"]),
             int(status["needed"]),
             float(status["since"]),
         )
+        if int(status["step"]) != step:
+            return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
     newest = 0.0
@@ -257,8 +259,9 @@ def _supervise(cfg: RunConfig, sup: Supervisor, display: StepDisplay) -> None:
     reported_at: dict[int, float] = {}
     while sup.exited("trainer") is None:
         sup.poll()
-        display.update(read_metrics(folder.metrics))
-        report = wait_report(folder, time.time())
+        records = read_metrics(folder.metrics)
+        display.update(records)
+        report = wait_report(folder, time.time(), records[-1].step + 1 if records else 0)
         if report is not None:
             step, waited, line = report
             if (
