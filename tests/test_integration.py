@@ -31,7 +31,7 @@ SMALL = [
 
 def _swarmrl(*args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "swarmrl", *args], capture_output=True, text=True, **kw
+        [sys.executable, "-m", "swarmrl", *args], check=False, capture_output=True, text=True, **kw
     )
 
 
