@@ -532,3 +532,49 @@ def test_chaos_kill_each_role_in_turn_and_the_run_completes(tmp_path, warm_model
     assert [r.step for r in records] == list(range(steps))  # contiguous, none twice
     assert (folder.log("trainer")).read_text().count("resuming run c at step ") == 1
     assert summary["accuracy_after"] is not None and summary["length_error_after"] is not None
+
+
+@pytest.mark.slow
+def test_a_second_signal_kills_everything_at_once(tmp_path, warm_model_dir):
+    out = tmp_path / "outputs"
+    folder = RunFolder(out / "k")
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "swarmrl",
+            "run",
+            "--model.path",
+            str(warm_model_dir),
+            "--output_dir",
+            str(out),
+            "--run_name",
+            "k",
+            "--eval_before",
+            "false",
+            "--supervision.stop_grace_seconds",
+            "60",  # without the second signal the stop could take this long
+            *SMALL,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for("the processes to start", folder.processes.exists, run, timeout=120)
+        time.sleep(2)
+        tree = _descendants(run.pid)
+        run.send_signal(signal.SIGTERM)
+        run.send_signal(signal.SIGINT)
+        code = run.wait(timeout=30)
+        time.sleep(1)
+        assert _still_running(tree) == []
+        # Both arrive before the handler runs; whichever is handled second forces the exit.
+        message = run.stderr.read()
+        assert code in (128 + signal.SIGINT, 128 + signal.SIGTERM), (code, message[-2000:])
+        assert "second signal: killed every process of the run at once" in message
+    finally:
+        if run.poll() is None:
+            run.kill()
+        for pid in _still_running(_descendants(run.pid)):
+            os.kill(pid, signal.SIGKILL)
