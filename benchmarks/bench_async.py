@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from swarmrl.model.build import ensure_default_model
-from swarmrl.trainer.trainer import read_metrics
+from swarmrl.trainer.metrics import read_metrics
 
 
 def run(level: int, model: Path, steps: int, workers: int, out: Path, extra: list[str]) -> dict:
@@ -52,8 +52,8 @@ def run(level: int, model: Path, steps: int, workers: int, out: Path, extra: lis
     records = read_metrics(out / name / "metrics.jsonl")
     # Time per step from the trainer's own clock, first step excluded (it includes the
     # workers' start-up, which is the same for both levels).
-    per_step = [r["step_seconds"] for r in records[1:]]
-    waits = [r["wait_seconds"] for r in records[1:]]
+    per_step = [r.step_seconds for r in records[1:]]
+    waits = [r.wait_seconds for r in records[1:]]
     return {
         "idle_fraction": sum(waits) / sum(per_step),
         "seconds_per_step": sum(per_step) / len(per_step),

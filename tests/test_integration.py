@@ -14,7 +14,7 @@ import pytest
 
 from swarmrl.checkpoints import list_checkpoints
 from swarmrl.rollouts import RolloutMeta, read_rollouts, write_rollouts
-from swarmrl.trainer.trainer import read_metrics
+from swarmrl.trainer.metrics import read_metrics
 from swarmrl.validator.service import read_verdicts
 
 SMALL = [
@@ -105,12 +105,12 @@ def test_run_async2_respects_the_bound_and_survives_bad_files(tmp_path, warm_mod
         assert summary[key] is not None, key
     assert summary["steps"] == 5 and summary["final_step"] == 5
     records = read_metrics(out / "t" / "metrics.jsonl")
-    assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
+    assert [r.step for r in records] == [0, 1, 2, 3, 4]
     for r in records:
-        assert r["oldest_policy_step"] >= r["step"] - 2, r
-        assert r["staleness_max"] <= 2
+        assert r.oldest_policy_step >= r.step - 2, r
+        assert r.staleness_max <= 2
     step3_record = records[3]
-    assert step3_record["dropped_stale"] >= 4 and step3_record["rejected_files"] == 1
+    assert step3_record.dropped_stale >= 4 and step3_record.rejected_files == 1
     log = (out / "t" / "logs" / "trainer.log").read_text()
     assert "garbage-00000.parquet: not a readable Parquet file" in log
     assert 5 in list_checkpoints(out / "t" / "checkpoints")
@@ -221,6 +221,6 @@ def test_killed_trainer_resumes_from_its_checkpoint(tmp_path, warm_model_dir):
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
     records = read_metrics(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in records] == list(range(6))  # none lost, none counted twice
+    assert [r.step for r in records] == list(range(6))  # none lost, none counted twice
     assert (run_dir / "trainer_done.json").exists()
     assert max(list_checkpoints(run_dir / "checkpoints")) == 6

@@ -11,50 +11,47 @@ from pathlib import Path
 from swarmrl.config import ConfigError, add_config_arguments, config_from_args
 
 
-def _run(args) -> int:
-    from swarmrl.run import SwarmError, run_swarm
+def _run(args: argparse.Namespace) -> int:
+    from swarmrl.run import RunInterrupted, SwarmError, run_swarm
 
     cfg = config_from_args(args)
     try:
-        run_swarm(cfg)
+        run_swarm(cfg, fresh=args.fresh)
     except SwarmError as exc:
         print(f"swarmrl run failed: {exc}", file=sys.stderr)
         return 1
+    except RunInterrupted as exc:
+        print(f"swarmrl run {exc}", file=sys.stderr)
+        return 128 + exc.signum
     return 0
 
 
-def _trainer(args) -> int:
+def _trainer(args: argparse.Namespace) -> int:
+    from swarmrl.trainer.metrics import StepMetrics
     from swarmrl.trainer.trainer import Trainer
 
     cfg = config_from_args(args)
     trainer = Trainer(cfg, Path(args.start_model))
+    shown = {
+        "step",
+        "reward",
+        "task_reward",
+        "length_error",
+        "grad_norm",
+        "clip_ratio",
+        "entropy",
+        "staleness_mean",
+        "wait_seconds",
+    }
 
-    def show(record: dict) -> None:
-        print(
-            json.dumps(
-                {
-                    k: record[k]
-                    for k in (
-                        "step",
-                        "reward",
-                        "task_reward",
-                        "length_error",
-                        "grad_norm",
-                        "clip_ratio",
-                        "entropy",
-                        "staleness_mean",
-                        "wait_seconds",
-                    )
-                }
-            ),
-            flush=True,
-        )
+    def show(record: StepMetrics) -> None:
+        print(json.dumps(record.model_dump(include=shown)), flush=True)
 
     trainer.run(on_step=show)
     return 0
 
 
-def _worker(args) -> int:
+def _worker(args: argparse.Namespace) -> int:
     from swarmrl.inference.worker import run_worker
 
     cfg = config_from_args(args)
@@ -63,7 +60,7 @@ def _worker(args) -> int:
     return 0
 
 
-def _validator(args) -> int:
+def _validator(args: argparse.Namespace) -> int:
     from swarmrl.validator.service import run_validator
 
     cfg = config_from_args(args)
@@ -72,7 +69,7 @@ def _validator(args) -> int:
     return 0
 
 
-def _eval(args) -> int:
+def _eval(args: argparse.Namespace) -> int:
     from swarmrl.evaluation import evaluate
     from swarmrl.tasks.registry import build_task
 
@@ -81,7 +78,7 @@ def _eval(args) -> int:
     return 0
 
 
-def _init_model(args) -> int:
+def _init_model(args: argparse.Namespace) -> int:
     from swarmrl.model.build import ensure_default_model
 
     def report(step: int, total: int, loss: float) -> None:
@@ -105,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
         "Every option below is a config field; --config reads them from a TOML file.",
     )
     add_config_arguments(p)
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="delete the run folder <output_dir>/<run_name> first and start over "
+        "(without it, a run folder is resumed if its start model, task and recipe match)",
+    )
     p.set_defaults(func=_run)
 
     p = sub.add_parser(

@@ -12,9 +12,17 @@ import json
 import logging
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from swarmrl.runfolder import RunFolder
 
@@ -186,9 +194,36 @@ class ValidatorConfig(_Section):
     )
 
 
+class SupervisionConfig(_Section):
+    max_restarts: int = Field(
+        3,
+        ge=0,
+        description="`swarmrl run` aborts when one process has been restarted this many times within window_seconds and fails again",
+    )
+    window_seconds: float = Field(
+        300.0, gt=0, description="the window that max_restarts counts restarts in"
+    )
+    backoff_seconds: float = Field(
+        1.0,
+        ge=0,
+        description="delay before restarting a failed process; doubles with each further failure in the window",
+    )
+    backoff_max_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="cap on the restart delay (and on a worker's policy-load retry delay)",
+    )
+    stop_grace_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="on shutdown, seconds a process gets to exit after SIGTERM before it is killed",
+    )
+
+
 class RunConfig(_Section):
     run_name: str = Field(
-        "default", description="name of the run; outputs go to <output_dir>/<run_name>"
+        "default",
+        description="name of the run; outputs go to <output_dir>/<run_name> (any valid folder name)",
     )
     output_dir: str = Field("outputs", description="parent folder of run folders")
     async_level: int = Field(
@@ -214,6 +249,20 @@ class RunConfig(_Section):
     validator: ValidatorConfig = Field(
         default_factory=ValidatorConfig, description="the validator process"
     )
+    supervision: SupervisionConfig = Field(
+        default_factory=SupervisionConfig,
+        description="how `swarmrl run` restarts failed processes and stops them",
+    )
+
+    @field_validator("run_name")
+    @classmethod
+    def _folder_name(cls, name: str) -> str:
+        # One path component that the file system accepts: the run folder is output_dir/run_name.
+        if name in ("", ".", "..") or "/" in name or "\0" in name:
+            raise ValueError("must be a folder name (not empty, '.' or '..', no '/')")
+        if len(name.encode()) > 255:
+            raise ValueError("must be at most 255 bytes (a folder name)")
+        return name
 
     @property
     def run_dir(self) -> Path:
@@ -261,9 +310,22 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _parse_flag(value: str) -> Any:
-    # Flags arrive as text; JSON gives numbers, booleans, lists and null their types,
-    # and anything that is not JSON is taken as a plain string.
+def _is_text(annotation: Any) -> bool:
+    """A field typed `str` or `str | None`: its flag value is taken as written."""
+    return annotation is str or (
+        get_origin(annotation) in (Union, UnionType) and str in get_args(annotation)
+    )
+
+
+_TEXT_FIELDS = {dotted for dotted, field in _flat_fields(RunConfig) if _is_text(field.annotation)}
+
+
+def _parse_flag(dotted: str, value: str) -> Any:
+    # Flags arrive as text; JSON gives numbers, booleans, lists and null their types, and
+    # anything that is not JSON is taken as a plain string. A text field keeps the text as
+    # written, so `--run_name 2024` names a run "2024" rather than failing as a number.
+    if dotted in _TEXT_FIELDS:
+        return value
     try:
         return json.loads(value)
     except json.JSONDecodeError:
@@ -300,6 +362,12 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
             )
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
+        except IsADirectoryError:
+            raise ConfigError(
+                f"--config {path} is a directory; give a TOML (or JSON) file, e.g. examples/arithmetic.toml"
+            ) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {path} cannot be read: {exc}") from None
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
             raise ConfigError(f"config file {path} is not valid: {exc}") from None
     for dotted, value in (overrides or {}).items():
@@ -312,8 +380,64 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     overrides = {
-        key.removeprefix("cfg__"): _parse_flag(value)
+        key.removeprefix("cfg__"): _parse_flag(key.removeprefix("cfg__"), value)
         for key, value in vars(args).items()
         if key.startswith("cfg__") and value is not None
     }
     return load_config(args.config, overrides)
+
+
+# What a run folder's checkpoints depend on: the start model, the task and the recipe.
+# Anything else (steps, threads, worker count, polling, evaluation, supervision) may
+# change between the runs that share a folder.
+RUN_IDENTITY = (
+    "model.path",
+    "task",
+    "sampling",
+    "async_level",
+    "seed",
+    "trainer.batch_samples",
+    "trainer.optimizer_steps",
+    "trainer.lr",
+    "trainer.warmup_steps",
+    "trainer.betas",
+    "trainer.weight_decay",
+    "trainer.grad_clip",
+    "trainer.epsilon",
+    "trainer.delta",
+    "trainer.entropy_coef",
+    "trainer.seed",
+)
+
+
+def _leaves(tree: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(_leaves(value, f"{prefix}.{key}"))
+        return out
+    return {prefix: tree}
+
+
+def _identity(cfg: RunConfig) -> dict[str, Any]:
+    tree = cfg.model_dump(mode="json")
+    out: dict[str, Any] = {}
+    for dotted in RUN_IDENTITY:
+        value: Any = tree
+        for part in dotted.split("."):
+            value = value[part]
+        out.update(_leaves(value, dotted))
+    if out["model.path"] is not None:  # the same directory however it was spelled
+        out["model.path"] = str(Path(out["model.path"]).expanduser().resolve())
+    return out
+
+
+def run_differences(saved: RunConfig, new: RunConfig) -> list[str]:
+    """What differs between a run folder's config and a new one in what the run's
+    checkpoints depend on, as `field: old -> new` (empty: the new run may resume it)."""
+    old, now = _identity(saved), _identity(new)
+    return [
+        f"{key}: {json.dumps(old[key])} -> {json.dumps(now[key])}"
+        for key in now
+        if old.get(key) != now[key]
+    ]

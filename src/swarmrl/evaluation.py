@@ -7,6 +7,7 @@ the same prompts and randomness.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,14 @@ from swarmrl.inference.sampler import SamplingParams, sample
 from swarmrl.tasks.base import Task
 
 
-def evaluate(model_dir: Path, task: Task, cfg: RunConfig, batch_size: int = 256) -> dict:
+def evaluate(
+    model_dir: Path,
+    task: Task,
+    cfg: RunConfig,
+    batch_size: int = 256,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict:
+    """pass@1 and length error; `progress(done, total)` is called after each batch."""
     model, tok = load_policy(model_dir)
     problems = task.eval_problems()
     targets = cfg.task.target_lengths
@@ -47,6 +55,8 @@ def evaluate(model_dir: Path, task: Task, cfg: RunConfig, batch_size: int = 256)
             lengths.append(len(gen.tokens))
             if target is not None:
                 errors.append(abs(target - len(gen.tokens)))
+        if progress is not None:
+            progress(len(correct), len(problems))
     return {
         "accuracy": float(np.mean(correct)),
         "length_error": float(np.mean(errors)) if errors else None,

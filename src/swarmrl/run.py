@@ -3,84 +3,136 @@
 Starts the trainer, N inference workers and a validator (judging a secret random
 fraction of the rollout files) as separate processes. Checkpoints travel
 trainer -> SHARDCAST origin (served from this process) -> a chain of relay processes ->
-workers; rollout files travel back through the run folder. Shows live progress from
-the trainer's metrics, stops everything if any process fails (printing its log tail),
-and finally evaluates the starting and the final checkpoint on the held-out split and
-writes `<output_dir>/<run_name>/summary.json`, including the bytes each server served
-and the validator's verdict counts.
+workers; rollout files travel back through the run folder. Finally evaluates the
+starting and the final checkpoint on the held-out split and writes
+`<output_dir>/<run_name>/summary.json`, including the bytes each server served, the
+validator's verdict counts and the restarts of each process.
+
+- One run, one folder: a run folder is resumed only by a run with the same start model,
+  task and recipe (`config.run_differences`); anything else is refused with what
+  differs, and `--fresh` (or another `--run_name`) starts over.
+- Supervision (`supervisor.py`): a process that dies is restarted with backoff and
+  resumes (the trainer from its last checkpoint, the relay and validator from their
+  folders, a worker from scratch); one that keeps dying ends the run with its log tail.
+- SIGINT / SIGTERM stop every process of the run (a second signal kills them at once)
+  and say how to resume.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
-import subprocess
-import sys
 import time
 import urllib.request
+from datetime import datetime
 from pathlib import Path
+from types import FrameType
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from swarmrl.checkpoints import checkpoint_dir, latest_checkpoint
-from swarmrl.config import RunConfig
+from swarmrl.config import ConfigError, RunConfig, load_config, run_differences
+from swarmrl.display import StepDisplay, counted
 from swarmrl.evaluation import evaluate
 from swarmrl.jsonl import read_jsonl
 from swarmrl.model.build import ensure_default_model
+from swarmrl.runfolder import RunFolder, step_of_folder
+from swarmrl.supervisor import Role, Supervisor, SwarmError
 from swarmrl.tasks.registry import build_task
-from swarmrl.trainer.trainer import read_metrics
+from swarmrl.trainer.metrics import read_metrics
 from swarmrl.validator.service import verdict_counts
 
+__all__ = ["RunInterrupted", "SwarmError", "run_swarm"]
 
-class SwarmError(RuntimeError):
-    """A process of the swarm failed; the message carries its log tail."""
+EVAL_BATCH = 64  # problems per evaluation batch: the bar's count advances per batch
+WAIT_REPORT_SECONDS = 60.0  # a trainer wait longer than this is reported, and then again
+FINISH_TIMEOUT = {"validator": 120.0, "worker": 60.0}  # after the trainer is done
+
+
+class RunInterrupted(Exception):
+    """SIGINT or SIGTERM stopped the run; the message says what is left and how to resume."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+
+def check_model_dir(path: Path) -> None:
+    """Raise SwarmError with one line unless `path` is a loadable Hugging Face model directory."""
+    from transformers import AutoConfig
+
+    if not (path / "config.json").is_file():
+        raise SwarmError(
+            f"model.path {path} is not a Hugging Face model directory (no config.json)"
+        )
+    try:
+        AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SwarmError(
+            f"model.path {path}: config.json is not a valid model config ({first})"
+        ) from None
 
 
 def resolve_start_model(cfg: RunConfig, console: Console) -> Path:
     if cfg.model.path:
         path = Path(cfg.model.path)
-        if not (path / "config.json").exists():
-            raise SwarmError(
-                f"model.path {path} is not a Hugging Face model directory (no config.json)"
-            )
+        check_model_dir(path)
         return path
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(
         TextColumn("warm start of the embedded model"),
-        BarColumn(),
+        BarColumn(bar_width=20),
         TextColumn("{task.completed}/{task.total} loss {task.fields[loss]:.3f}"),
         TimeElapsedColumn(),
         console=console,
         transient=True,
     ) as progress:
         bar = progress.add_task("sft", total=None, loss=float("nan"))
+        last_line = time.monotonic()
 
         def report(step: int, total: int, loss: float) -> None:
+            nonlocal last_line
             progress.update(bar, completed=step, total=total, loss=loss)
-            if not console.is_terminal and (step % 100 == 0 or step == total):
-                console.print(f"warm start {step}/{total} loss {loss:.3f}")
+            # Without a live bar: a line at least every 30 s, so a log shows it is alive.
+            if not console.is_terminal and (time.monotonic() - last_line >= 20 or step == total):
+                console.print(f"warm start {step}/{total} loss {loss:.3f}", soft_wrap=True)
+                last_line = time.monotonic()
 
         return ensure_default_model(
             Path(cfg.model.cache_dir) if cfg.model.cache_dir else None, progress=report
         )
 
 
-def _spawn(args: list[str], log_path: Path, threads: int) -> subprocess.Popen:
-    env = dict(
-        os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1"
-    )
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    fh = open(log_path, "ab")
-    return subprocess.Popen(
-        [sys.executable, "-m", "swarmrl", *args],
-        stdout=fh,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-    )
+def prepare_folder(cfg: RunConfig, fresh: bool, console: Console) -> int | None:
+    """Check the run folder before anything is written to it. Returns the step a
+    resumed run continues at, or None for a new run; raises SwarmError (one line) when
+    the folder holds a different run."""
+    folder = cfg.folder
+    if fresh and folder.root.exists():
+        shutil.rmtree(folder.root)
+        console.print(f"--fresh: removed the previous run folder {folder.root}")
+    if not folder.config.exists():
+        return None
+    start_over = f"choose another --run_name, or add --fresh to delete {folder.root} and start over"
+    try:
+        saved = load_config(folder.config)
+    except ConfigError as exc:
+        raise SwarmError(
+            f"{folder.root} holds a run whose config cannot be read ({exc}); {start_over}"
+        ) from None
+    differences = run_differences(saved, cfg)
+    if differences:
+        raise SwarmError(
+            f"run {cfg.run_name!r} in {folder.root} was started with a different "
+            f"{'; '.join(differences)}; {start_over}"
+        )
+    return latest_checkpoint(folder.checkpoints)
 
 
 def _proof_figures(logs: Path) -> dict[str, float | None]:
@@ -101,26 +153,6 @@ def _proof_figures(logs: Path) -> dict[str, float | None]:
     }
 
 
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def _stop(procs: dict[str, subprocess.Popen], grace: float = 5.0) -> None:
-    for proc in procs.values():
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.time() + grace
-    for proc in procs.values():
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -135,33 +167,202 @@ def _server_bytes(url: str) -> int | None:
         return None
 
 
-def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
-    console = console or Console(stderr=True)
+def wait_report(folder: RunFolder, now: float, step: int) -> tuple[int, float, str] | None:
+    """The trainer's wait for `step` (the next step to train) as (step, seconds waited,
+    one line), or None when its status is about another step (a step whose samples were
+    all there at once leaves the previous step's status in place) or being replaced."""
+    try:
+        status = json.loads(folder.trainer_status.read_text())
+        usable, needed, since = (
+            int(status["usable"]),
+            int(status["needed"]),
+            float(status["since"]),
+        )
+        if int(status["step"]) != step:
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    newest = 0.0
+    for path in folder.rollouts.glob("step_*/*.parquet"):
+        if (step_of_folder(path.parent) or -1) >= step:
+            try:
+                newest = max(newest, path.stat().st_mtime)
+            except OSError:
+                continue
+    wrote = (
+        f"workers last wrote at {datetime.fromtimestamp(newest).strftime('%H:%M:%S')}"
+        if newest
+        else "no worker has written a file for it yet"
+    )
+    waited = now - since
+    return (
+        step,
+        waited,
+        f"step {step}: {usable}/{needed} usable samples after {waited:.0f} s; {wrote}",
+    )
+
+
+def _roles(
+    cfg: RunConfig,
+    folder: RunFolder,
+    start_model: Path,
+    relay_ports: list[int],
+    upstream: str | None,
+) -> list[Role]:
+    config_path = str(folder.config)
+    roles = []
+    for i, port in enumerate(relay_ports):
+        root = folder.shardcast / f"relay-{i}"
+        args = ["relay", "--upstream", str(upstream), "--root", str(root), "--port", str(port)]
+        roles.append(
+            Role(
+                f"relay-{i}",
+                [*args, "--poll-s", str(cfg.shardcast.poll_seconds)],
+                folder.log(f"relay-{i}"),
+                finishes=False,
+            )
+        )
+        upstream = f"http://127.0.0.1:{port}"
+    roles.append(
+        Role(
+            "trainer",
+            ["trainer", "--config", config_path, "--start-model", str(start_model)],
+            folder.log("trainer"),
+            cfg.trainer.threads,
+        )
+    )
+    for i in range(cfg.worker.count):
+        roles.append(
+            Role(
+                f"worker-{i}",
+                ["worker", "--config", config_path, "--address", f"worker-{i}"],
+                folder.log(f"worker-{i}"),
+                cfg.worker.threads,
+            )
+        )
+    if cfg.validator.fraction > 0:
+        roles.append(
+            Role(
+                "validator",
+                ["validator", "--config", config_path],
+                folder.log("validator"),
+                cfg.validator.threads,
+            )
+        )
+    return roles
+
+
+def _supervise(cfg: RunConfig, sup: Supervisor, display: StepDisplay) -> None:
+    """Watch the processes until the trainer is done, report its long waits, then let
+    the workers and the validator finish."""
+    folder = cfg.folder
+    reported_at: dict[int, float] = {}
+    while sup.exited("trainer") is None:
+        sup.poll()
+        records = read_metrics(folder.metrics)
+        display.update(records)
+        report = wait_report(folder, time.time(), records[-1].step + 1 if records else 0)
+        if report is not None:
+            step, waited, line = report
+            if (
+                waited >= WAIT_REPORT_SECONDS
+                and waited - reported_at.get(step, 0.0) >= WAIT_REPORT_SECONDS
+            ):
+                display.say(line)
+                reported_at[step] = waited
+        time.sleep(0.5)
+    display.update(read_metrics(folder.metrics))
+    deadline = {
+        name: time.monotonic() + FINISH_TIMEOUT["validator" if name == "validator" else "worker"]
+        for name, running in sup.roles.items()
+        if running.role.finishes and name != "trainer"
+    }
+    while deadline:
+        sup.poll()
+        for name in list(deadline):
+            if sup.exited(name) is not None:
+                del deadline[name]
+            elif time.monotonic() > deadline[name]:
+                display.say(f"{name} still running after the trainer finished; stopping it")
+                del deadline[name]
+        time.sleep(0.2)
+
+
+def run_swarm(cfg: RunConfig, console: Console | None = None, fresh: bool = False) -> dict:
+    """Run the whole swarm and return the summary. Raises SwarmError (a process kept
+    failing, or the run folder holds another run) or RunInterrupted (SIGINT/SIGTERM)."""
+    console = console or Console(stderr=True, soft_wrap=True)  # log lines stay unwrapped
+    supervisor: list[Supervisor] = []
+    signals: list[int] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        for sup in supervisor:
+            if sup.spawning:
+                sup.deferred_signal = signum
+                return
+        signals.append(signum)
+        if len(signals) == 1 and not any(sup.stopping for sup in supervisor):
+            raise RunInterrupted(signal.Signals(signum).name, signum)
+        # A second signal, or one during the shutdown: no more grace for anyone.
+        for sup in supervisor:
+            sup.kill_all()
+        os.write(2, b"second signal: killed every process of the run at once\n")
+        os._exit(128 + signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _run(cfg, console, fresh, supervisor)
+    except RunInterrupted as exc:
+        step = latest_checkpoint(cfg.folder.checkpoints)
+        left = (
+            f"checkpoints up to step {step}/{cfg.trainer.steps} are kept in {cfg.folder.checkpoints}; "
+            "run the same command again to resume"
+            if step is not None
+            else "nothing was trained yet"
+        )
+        raise RunInterrupted(
+            f"stopped by {exc}: every process of the run has exited; {left}", exc.signum
+        ) from None
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _run(cfg: RunConfig, console: Console, fresh: bool, supervisor: list[Supervisor]) -> dict:
     started = time.time()
     folder = cfg.folder
-    run_dir = folder.root
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config_path = folder.config
-    config_path.write_text(cfg.model_dump_json(indent=2))
+    resume_step = prepare_folder(cfg, fresh, console)
     start_model = resolve_start_model(cfg, console)
+    folder.root.mkdir(parents=True, exist_ok=True)
+    folder.config.write_text(cfg.model_dump_json(indent=2))
     console.print(f"starting model: {start_model}")
+    if resume_step is not None:
+        if resume_step >= cfg.trainer.steps:
+            console.print(
+                f"run {cfg.run_name} already reached step {resume_step} "
+                f"(trainer.steps {cfg.trainer.steps}): nothing left to train"
+            )
+        else:
+            console.print(f"resuming run {cfg.run_name} at step {resume_step}/{cfg.trainer.steps}")
     task = build_task(cfg.task)
     before = None
     if cfg.eval_before:
-        with console.status("evaluating the starting model on the held-out split"):
-            before = evaluate(start_model, task, cfg)
+        with counted(
+            console, "evaluating the starting model", len(task.eval_problems())
+        ) as advance:
+            before = evaluate(start_model, task, cfg, EVAL_BATCH, advance)
         console.print(
             f"before RL: accuracy {before['accuracy']:.3f}, length error {before['length_error']}"
         )
 
-    logs = folder.logs
-    done_marker = folder.trainer_done
-    last_step = latest_checkpoint(folder.checkpoints)
-    if done_marker.exists() and (last_step or 0) < cfg.trainer.steps:
-        done_marker.unlink()  # resuming a finished run with more steps: workers must not stop at once
-    procs: dict[str, subprocess.Popen] = {}
+    if (latest_checkpoint(folder.checkpoints) or 0) < cfg.trainer.steps:
+        # Resuming a finished run with more steps: workers must not stop at once.
+        folder.trainer_done.unlink(missing_ok=True)
+    sup = Supervisor(cfg.supervision, folder.processes, console.print)
+    supervisor.append(sup)
     origin_server = None
     server_urls: dict[str, str] = {}
+    relay_ports: list[int] = []
     if cfg.shardcast.enabled:
         from swarmrl.shardcast.server import start_server
 
@@ -169,122 +370,50 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
         origin_root.mkdir(parents=True, exist_ok=True)
         origin_server = start_server(origin_root)
         server_urls["origin"] = origin_server.url
-        upstream = origin_server.url
-        for i in range(cfg.shardcast.relays):
-            port = _free_port()
-            procs[f"relay-{i}"] = _spawn(
-                [
-                    "relay",
-                    "--upstream",
-                    upstream,
-                    "--root",
-                    str(folder.shardcast / f"relay-{i}"),
-                    "--port",
-                    str(port),
-                    "--poll-s",
-                    str(cfg.shardcast.poll_seconds),
-                ],
-                folder.log(f"relay-{i}"),
-                1,
-            )
-            upstream = server_urls[f"relay-{i}"] = f"http://127.0.0.1:{port}"
+        # A restarted relay comes back on the same port: workers keep their server list.
+        relay_ports = [_free_port() for _ in range(cfg.shardcast.relays)]
+        for i, port in enumerate(relay_ports):
+            server_urls[f"relay-{i}"] = f"http://127.0.0.1:{port}"
+        last = server_urls[f"relay-{len(relay_ports) - 1}"]
         cfg = cfg.model_copy(
-            update={"shardcast": cfg.shardcast.model_copy(update={"servers": [upstream]})}
+            update={"shardcast": cfg.shardcast.model_copy(update={"servers": [last]})}
         )
-        config_path.write_text(cfg.model_dump_json(indent=2))
+        folder.config.write_text(cfg.model_dump_json(indent=2))
         console.print(
             f"checkpoints: origin {origin_server.url} -> "
             + " -> ".join(f"{name} {url}" for name, url in server_urls.items() if name != "origin")
             + " -> workers"
         )
-    procs["trainer"] = _spawn(
-        ["trainer", "--config", str(config_path), "--start-model", str(start_model)],
-        folder.log("trainer"),
-        cfg.trainer.threads,
-    )
-    for i in range(cfg.worker.count):
-        procs[f"worker-{i}"] = _spawn(
-            ["worker", "--config", str(config_path), "--address", f"worker-{i}"],
-            folder.log(f"worker-{i}"),
-            cfg.worker.threads,
-        )
-    if cfg.validator.fraction > 0:
-        procs["validator"] = _spawn(
-            ["validator", "--config", str(config_path)],
-            folder.log("validator"),
-            cfg.validator.threads,
-        )
-    metrics_path = folder.metrics
     try:
-        with Progress(
-            TextColumn("[bold]GRPO"),
-            BarColumn(),
-            TextColumn("step {task.completed}/{task.total}"),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            console=console,
-        ) as progress:
-            bar = progress.add_task(
-                "train", total=cfg.trainer.steps, info="waiting for the first rollouts"
-            )
-            shown_step = -1
-            while True:
-                for name, proc in procs.items():
-                    code = proc.poll()
-                    if code not in (None, 0) or (code == 0 and name == "trainer"):
-                        break
-                else:
-                    code = None
-                    name = None
-                records = read_metrics(metrics_path)
-                if records:
-                    last = records[-1]
-                    info = (
-                        f"reward {last['reward']:+.3f} task {last['task_reward']:.3f} |len err| {last['length_error']:.1f} "
-                        f"grad {last['grad_norm']:.3f} clip {last['clip_ratio']:.3f} stale {last['staleness_mean']:.2f} "
-                        f"wait {last['wait_seconds']:.1f}s"
-                    )
-                    progress.update(bar, completed=last["step"] + 1, info=info)
-                    if not console.is_terminal and last["step"] > shown_step:
-                        # No live bar in a log file: one line per step instead.
-                        console.print(f"step {last['step'] + 1}/{cfg.trainer.steps} {info}")
-                        shown_step = last["step"]
-                if name is not None:
-                    if code != 0:
-                        raise SwarmError(
-                            f"{name} exited with code {code}; last lines of {folder.log(name)}:\n"
-                            + _tail(folder.log(name))
-                        )
-                    break
-                time.sleep(0.5)
-        for name, proc in procs.items():
-            if name.startswith("worker") or name == "validator":
-                try:
-                    proc.wait(timeout=120 if name == "validator" else 60)
-                except subprocess.TimeoutExpired:
-                    pass
-                if proc.returncode not in (None, 0):
-                    raise SwarmError(
-                        f"{name} exited with code {proc.returncode}; last lines:\n"
-                        + _tail(folder.log(name))
-                    )
+        for role in _roles(cfg, folder, start_model, relay_ports, server_urls.get("origin")):
+            sup.start(role)
+        earlier = read_metrics(folder.metrics)
+        shown = earlier[-1].step if earlier else -1
+        with StepDisplay(console, cfg.trainer.steps, started, shown) as display:
+            sup.notify = display.say
+            _supervise(cfg, sup, display)
         served = {name: _server_bytes(url) for name, url in server_urls.items()}
     finally:
-        _stop(procs)
+        sup.stop()
         if origin_server is not None:
             origin_server.stop()
 
     final_step = latest_checkpoint(folder.checkpoints)
     after = None
     if cfg.eval_after and final_step is not None:
-        with console.status(f"evaluating checkpoint {final_step} on the held-out split"):
-            after = evaluate(checkpoint_dir(folder.checkpoints, final_step), task, cfg)
-    records = read_metrics(metrics_path)
-    wait = sum(r["wait_seconds"] for r in records)
-    busy = sum(r["step_seconds"] for r in records)
+        with counted(
+            console, f"evaluating checkpoint {final_step}", len(task.eval_problems())
+        ) as advance:
+            after = evaluate(
+                checkpoint_dir(folder.checkpoints, final_step), task, cfg, EVAL_BATCH, advance
+            )
+    records = read_metrics(folder.metrics)
+    wait = sum(r.wait_seconds for r in records)
+    busy = sum(r.step_seconds for r in records)
+    restarts = {name: sup.restarts.get(name, 0) for name in sup.roles}
     summary = {
         "run": cfg.run_name,
-        "run_dir": str(run_dir),
+        "run_dir": str(folder.root),
         "start_model": str(start_model),
         "async_level": cfg.async_level,
         "workers": cfg.worker.count,
@@ -295,15 +424,17 @@ def run_swarm(cfg: RunConfig, console: Console | None = None) -> dict:
         "eval_problems": (after or before or {}).get("problems"),
         "steps": len(records),
         "final_step": final_step,
-        "samples_trained": sum(r["samples"] for r in records),
-        "samples_generated": sum(r["samples_read"] for r in records),
-        "staleness_max": max((r["staleness_max"] for r in records), default=None),
+        "samples_trained": sum(r.samples for r in records),
+        "samples_generated": sum(r.samples_read for r in records),
+        "staleness_max": max((r.staleness_max for r in records), default=None),
         "trainer_idle_fraction": wait / busy if busy else None,
         "bytes_served": served,
-        **_proof_figures(logs),
-        "validation": {"fraction": cfg.validator.fraction, **verdict_counts(run_dir)}
+        **_proof_figures(folder.logs),
+        "validation": {"fraction": cfg.validator.fraction, **verdict_counts(folder.root)}
         if cfg.validator.fraction > 0
         else None,
+        "restarts": restarts,
+        "restarts_total": sum(restarts.values()),
         "wall_seconds": round(time.time() - started, 1),
     }
     folder.summary.write_text(json.dumps(summary, indent=2))

@@ -7,6 +7,7 @@
   metrics.jsonl            one line per trained step
   trainer_status.json      the step the trainer waits on and its usable samples so far
   trainer_done.json        written when the trainer has finished
+  processes.json           `swarmrl run`'s processes: pid (= process group) and restarts
   checkpoints/step_<n>/    Hugging Face model directories (checkpoints.py writes them)
   checkpoints/trainer_state/step_<n>.pt   the trainer's resume state
   rollouts/step_<n>/       rollout files for training step n
@@ -62,6 +63,10 @@ class RunFolder:
     @property
     def trainer_done(self) -> Path:
         return self.root / "trainer_done.json"
+
+    @property
+    def processes(self) -> Path:
+        return self.root / "processes.json"
 
     @property
     def checkpoints(self) -> Path:

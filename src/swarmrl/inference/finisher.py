@@ -20,6 +20,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -36,10 +37,19 @@ from swarmrl.rollouts import RolloutMeta, write_rollouts
 log = logging.getLogger("swarmrl.worker")
 
 
-def _child_setup() -> None:
+def _child_setup(parent: int) -> None:
     torch.set_num_threads(1)
     # Ctrl-C goes to the whole foreground group: the parent shuts the child down.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A parent killed outright (SIGKILL, out of memory) cannot shut the child down; the
+    # child sees itself re-parented and exits rather than living on idle.
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+
+
+def _exit_with_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
 
 
 def _finish_in_child(
@@ -69,7 +79,10 @@ class FinishProcess:
     @staticmethod
     def _spawn() -> ProcessPoolExecutor:
         return ProcessPoolExecutor(
-            1, mp_context=multiprocessing.get_context("spawn"), initializer=_child_setup
+            1,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_child_setup,
+            initargs=(os.getpid(),),
         )
 
     def finish(self, path: Path, batch: RolloutBatch, meta: RolloutMeta) -> Path:

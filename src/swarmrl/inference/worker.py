@@ -4,7 +4,8 @@ Loop:
 1. Load the newest checkpoint: downloaded through the SHARDCAST relays listed in
    `shardcast.servers` (verified shard by shard), or read from the run's checkpoint
    folder when none are listed. A worker may lag: it keeps generating with what it
-   has while the bound allows.
+   has while the bound allows. A policy it cannot list or load (a relay restarting, a
+   shard that fails its hash) is retried with a doubling delay, and logged each time.
 2. Pick the step to generate for: the lowest step s, from the trainer's current step
    up to (held policy step + async_level), whose folder still lacks enough
    non-zero-advantage samples. None fits: wait for a newer checkpoint.
@@ -35,6 +36,7 @@ from pathlib import Path
 import torch
 
 from swarmrl.assignment import assign
+from swarmrl.backoff import backoff_delay
 from swarmrl.checkpoints import checkpoint_dir, latest_checkpoint, load_policy
 from swarmrl.config import RunConfig
 from swarmrl.inference.finisher import FileFinisher
@@ -163,33 +165,48 @@ def run_worker(cfg: RunConfig, address: str) -> int:
             )
 
     finisher = FileFinisher(log_file)
+    # Trouble reaching or loading the newest policy (a relay restarting, a bad shard) is
+    # retried with a doubling delay, not on every poll; meanwhile the worker generates
+    # with the policy it holds, as far as the async bound lets it (choose_step).
+    failures = 0
+    retry_at = 0.0
+
+    def trouble(what: str, exc: Exception) -> None:
+        nonlocal failures, retry_at
+        failures += 1
+        delay = backoff_delay(
+            failures, cfg.worker.poll_seconds, cfg.supervision.backoff_max_seconds
+        )
+        retry_at = time.monotonic() + delay
+        held = (
+            f"generating with policy {policy_step} meanwhile"
+            if model is not None
+            else "no policy yet"
+        )
+        log.warning("%s (%s); %s; retry %d in %.1f s", what, exc, held, failures, delay)
+
     try:
         while True:
             if cfg.folder.trainer_done.exists():
                 break
             latest = latest_checkpoint(ckpt_root)
-            try:
-                available = source.newest()
-            except (
-                OSError,
-                RuntimeError,
-                ValueError,
-            ) as exc:  # a relay not up yet or unreachable: keep polling
-                log.warning("cannot list policies (%s); retrying", exc)
-                available = None
+            available = None
+            if time.monotonic() >= retry_at:
+                try:
+                    available = source.newest()
+                except (OSError, RuntimeError, ValueError) as exc:
+                    trouble("cannot list policies", exc)
+                else:
+                    if available is None or available <= policy_step:
+                        failures = 0  # reachable and nothing newer: the trouble is over
             if available is not None and available > policy_step:
                 try:
                     model, tok = source.load(available)
                     policy_step = available
+                    failures = 0
                     log.info("loaded policy step %d", available)
-                except (
-                    OSError,
-                    RuntimeError,
-                    ValueError,
-                ) as exc:  # pruned, replaced or unreachable: try again
-                    log.warning("could not load policy %d (%s); retrying", available, exc)
-                    time.sleep(cfg.worker.poll_seconds)
-                    continue
+                except (OSError, RuntimeError, ValueError) as exc:
+                    trouble(f"could not load policy {available}", exc)
             if latest is None or model is None:
                 time.sleep(cfg.worker.poll_seconds)
                 continue

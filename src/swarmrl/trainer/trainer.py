@@ -24,6 +24,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,7 @@ from swarmrl.checkpoints import (
 from swarmrl.config import RunConfig
 from swarmrl.trainer.batches import BatchCollector, Sample
 from swarmrl.trainer.loss import GRPOLossInput, grpo_loss, token_logprobs
+from swarmrl.trainer.metrics import StepMetrics, read_metrics
 
 log = logging.getLogger("swarmrl.trainer")
 
@@ -66,12 +68,6 @@ def _forward_logprobs(model, ids, targets, temperature):
     return token_logprobs(logits, targets, temperature)
 
 
-def read_metrics(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 class Trainer:
     def __init__(self, cfg: RunConfig, start_model: Path) -> None:
         self.cfg = cfg
@@ -85,6 +81,8 @@ class Trainer:
             model, tok = load_policy(start_model)
             save_checkpoint(self.ckpt_root, 0, model, tok)
             latest = 0
+        else:
+            log.info("resuming run %s at step %d/%d", cfg.run_name, latest, cfg.trainer.steps)
         self.step = latest
         self.model, self.tok = load_policy(checkpoint_dir(self.ckpt_root, latest))
         tc = cfg.trainer
@@ -100,7 +98,8 @@ class Trainer:
             self.opt_steps = state["optimizer_steps"]
             random.setstate(state["python_rng"])
             torch.set_rng_state(state["torch_rng"])
-            last_record = state.get("metrics")
+            if state.get("metrics") is not None:
+                last_record = StepMetrics.model_validate(state["metrics"])
         else:
             random.seed(tc.seed)
             torch.manual_seed(tc.seed)
@@ -126,32 +125,41 @@ class Trainer:
         if listed is None or listed < step:
             self.origin.publish(step, checkpoint_dir(self.ckpt_root, step))
 
-    def _repair_metrics(self, last_record: dict | None) -> None:
-        kept = [m for m in read_metrics(self.metrics_path) if m["step"] < self.step]
-        if last_record is not None and not any(m["step"] == last_record["step"] for m in kept):
+    def _repair_metrics(self, last_record: StepMetrics | None) -> None:
+        kept = [m for m in read_metrics(self.metrics_path) if m.step < self.step]
+        if last_record is not None and not any(m.step == last_record.step for m in kept):
             kept.append(last_record)
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.metrics_path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(m) + "\n" for m in kept))
+        tmp.write_text("".join(m.line() for m in kept))
         tmp.replace(self.metrics_path)
 
     def _lr(self) -> float:
         warm = self.cfg.trainer.warmup_steps
         return self.cfg.trainer.lr * (min(1.0, (self.opt_steps + 1) / warm) if warm else 1.0)
 
-    def _write_status(self, step: int, usable: int) -> None:
+    def _write_status(self, step: int, usable: int, since: float) -> None:
         """Tell workers how many usable samples the step really has (after the checks
-        and filters a file's own metadata cannot know about)."""
+        and filters a file's own metadata cannot know about), and `swarmrl run` since
+        when the trainer has been waiting (unix time)."""
         status = self.folder.trainer_status
         tmp = status.with_name(f".{status.name}.tmp")
         tmp.write_text(
-            json.dumps({"step": step, "usable": usable, "needed": self.cfg.trainer.batch_samples})
+            json.dumps(
+                {
+                    "step": step,
+                    "usable": usable,
+                    "needed": self.cfg.trainer.batch_samples,
+                    "since": since,
+                }
+            )
         )
         tmp.replace(status)
 
     def collect(self, step: int) -> tuple[list[Sample], BatchCollector, float]:
         collector = BatchCollector(self.folder.rollout_step(step), step, self.cfg.async_level)
         start = last_report = time.perf_counter()
+        since = time.time()
         reported = -1
         while True:
             collector.poll()
@@ -162,7 +170,7 @@ class Trainer:
                     time.perf_counter() - start,
                 )
             if collector.usable != reported:
-                self._write_status(step, collector.usable)
+                self._write_status(step, collector.usable, since)
                 reported = collector.usable
             if time.perf_counter() - last_report > 60:
                 log.warning(
@@ -236,7 +244,7 @@ class Trainer:
             "lr": self._lr(),
         }
 
-    def run(self, on_step=None) -> None:
+    def run(self, on_step: Callable[[StepMetrics], None] | None = None) -> None:
         tc = self.cfg.trainer
         keep = max(tc.keep_checkpoints, self.cfg.async_level + 1)
         while self.step < tc.steps:
@@ -247,41 +255,41 @@ class Trainer:
             stats = self.train_step(samples)
             train_seconds = time.perf_counter() - t1
             staleness = [n - s.policy_step for s in samples]
-            record = {
-                "step": n,
-                "time": time.time(),
-                "reward": float(np.mean(collector.all_rewards)),
-                "task_reward": float(np.mean(collector.all_task_rewards)),
-                "length_penalty": float(np.mean(collector.all_length_penalties)),
-                "length_error": float(np.mean(collector.all_length_errors))
+            record = StepMetrics(
+                step=n,
+                time=time.time(),
+                reward=float(np.mean(collector.all_rewards)),
+                task_reward=float(np.mean(collector.all_task_rewards)),
+                length_penalty=float(np.mean(collector.all_length_penalties)),
+                length_error=float(np.mean(collector.all_length_errors))
                 if collector.all_length_errors
                 else math.nan,
                 **stats,
-                "staleness_mean": float(np.mean(staleness)),
-                "staleness_max": int(np.max(staleness)),
-                "oldest_policy_step": int(min(s.policy_step for s in samples)),
-                "samples": len(samples),
-                "samples_read": len(collector.all_rewards),
-                "dropped_zero_advantage": collector.dropped_zero,
-                "dropped_stale": collector.dropped_stale,
-                "rejected_files": len(collector.rejected),
-                "wait_seconds": round(waited, 4),
-                "train_seconds": round(train_seconds, 4),
-                "step_seconds": round(time.perf_counter() - t0, 4),
-                "tokens_per_second": stats["trained_tokens"] / max(train_seconds, 1e-9),
-            }
+                staleness_mean=float(np.mean(staleness)),
+                staleness_max=int(np.max(staleness)),
+                oldest_policy_step=int(min(s.policy_step for s in samples)),
+                samples=len(samples),
+                samples_read=len(collector.all_rewards),
+                dropped_zero_advantage=collector.dropped_zero,
+                dropped_stale=collector.dropped_stale,
+                rejected_files=len(collector.rejected),
+                wait_seconds=round(waited, 4),
+                train_seconds=round(train_seconds, 4),
+                step_seconds=round(time.perf_counter() - t0, 4),
+                tokens_per_second=stats["trained_tokens"] / max(train_seconds, 1e-9),
+            )
             state = {
                 "optimizer": self.opt.state_dict(),
                 "optimizer_steps": self.opt_steps,
                 "step": n + 1,
                 "python_rng": random.getstate(),
                 "torch_rng": torch.get_rng_state(),
-                "metrics": record,
+                "metrics": record.model_dump(),
             }
             save_checkpoint(self.ckpt_root, n + 1, self.model, self.tok, state)
             self._publish(n + 1)
             with open(self.metrics_path, "a") as fh:
-                fh.write(json.dumps(record) + "\n")
+                fh.write(record.line())
             self.step = n + 1
             prune_checkpoints(self.ckpt_root, keep, protect={0})
             if on_step is not None:

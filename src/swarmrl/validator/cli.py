@@ -20,6 +20,10 @@ def _validate(args: argparse.Namespace) -> int:
         verdict_line,
     )
 
+    if not args.file.is_file():
+        what = "is a directory, not a rollout file" if args.file.is_dir() else "no such file"
+        print(f"swarmrl validate: {args.file}: {what}", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.fraction is not None:

@@ -1,0 +1,61 @@
+"""The trainer's step metrics: one typed record per trained step, in `metrics.jsonl`.
+
+The trainer writes them, `swarmrl run` shows and sums them, `swarmrl trainer` prints
+them; all three read the fields through `StepMetrics`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from swarmrl.jsonl import read_jsonl
+
+
+class StepMetrics(BaseModel):
+    """What one rollout step trained on and how the update went."""
+
+    # NaN (no length targets) is written as the JSON constant, which json.loads reads back.
+    model_config = ConfigDict(frozen=True, ser_json_inf_nan="constants")
+
+    step: int = Field(description="rollout step n (it produced checkpoint n+1)")
+    time: float = Field(description="unix time the step finished")
+    reward: float = Field(description="mean reward of every sample read for the step")
+    task_reward: float = Field(description="mean task reward (0/1 from the verifier)")
+    length_penalty: float = Field(description="mean length penalty")
+    length_error: float = Field(description="mean |target - length| (NaN without targets)")
+    loss: float
+    grad_norm: float = Field(description="mean gradient norm before clipping")
+    grad_norm_max: float
+    clip_ratio: float = Field(description="fraction of tokens whose ratio was clipped")
+    entropy: float
+    trained_tokens: int
+    lr: float
+    staleness_mean: float = Field(description="mean n - policy_step of the trained samples")
+    staleness_max: int
+    oldest_policy_step: int
+    samples: int = Field(description="samples trained on")
+    samples_read: int = Field(description="samples read, including the filtered ones")
+    dropped_zero_advantage: int
+    dropped_stale: int
+    rejected_files: int
+    wait_seconds: float = Field(description="time the trainer waited for usable samples")
+    train_seconds: float
+    step_seconds: float
+    tokens_per_second: float
+
+    def line(self) -> str:
+        return self.model_dump_json() + "\n"
+
+
+def read_metrics(path: Path) -> list[StepMetrics]:
+    """Every complete step record of a metrics file; a line cut short by a kill (or
+    otherwise not a step record) is skipped."""
+    records = []
+    for raw in read_jsonl(path):
+        try:
+            records.append(StepMetrics.model_validate(raw))
+        except ValidationError:
+            continue
+    return records
