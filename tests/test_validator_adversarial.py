@@ -100,7 +100,11 @@ def assignment(s: Swarm, counter: int, prompts: int | None = None) -> Assignment
     )
 
 
-def write(s: Swarm, counter: int, columns: dict, name: str | None = None) -> Path:
+def write(
+    s: Swarm, counter: int, columns: dict, name: str | None = None, run_dir: Path | None = None
+) -> Path:
+    """Write a file for assignment `counter` into the run's step folder (or `run_dir`'s: a
+    cheat of an already answered assignment would otherwise be a duplicate there)."""
     g = s.cfg.sampling.group_size
     rewards = columns["rewards"]
     nonzero = sum(g for i in range(0, len(rewards), g) if has_signal(rewards[i : i + g]))
@@ -112,7 +116,7 @@ def write(s: Swarm, counter: int, columns: dict, name: str | None = None) -> Pat
         num_samples=len(rewards),
         num_nonzero=nonzero,
     )
-    folder = s.run_dir / "rollouts" / f"step_{STEP:06d}"
+    folder = (run_dir or s.run_dir) / "rollouts" / f"step_{STEP:06d}"
     return write_rollouts(folder / (name or f"{ADDRESS}-{counter:05d}.parquet"), columns, meta)
 
 
@@ -387,6 +391,16 @@ def test_random_proof_bytes(swarm, honest):
     )
 
 
+def claimed(s: Swarm) -> list[str]:
+    """`swarmrl validate` flags naming the swarm's config and checkpoint."""
+    return [
+        "--config",
+        str(s.run_dir / "config.json"),
+        "--model",
+        str(s.run_dir / "checkpoints" / "step_000000"),
+    ]
+
+
 def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
     parser = argparse.ArgumentParser()
     validator_cli.register(parser.add_subparsers())
@@ -397,7 +411,7 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
 
 
 @pytest.mark.parametrize("damage", ["truncated-proofs", "two-byte-proof", "null-proof"])
-def test_malformed_proofs_are_unusable_input(swarm, honest, capsys, damage):
+def test_malformed_proofs_are_unusable_input(swarm, honest, capsys, damage, tmp_path):
     cols = copy_cols(honest[1])
     if damage == "truncated-proofs":
         cols["proofs"][2] = cols["proofs"][2][:-100]
@@ -405,8 +419,8 @@ def test_malformed_proofs_are_unusable_input(swarm, honest, capsys, damage):
         cols["proofs"][2] = b"\xff\xd9"
     else:
         cols["proofs"][2] = b"\x00\x00" + cols["proofs"][2][2:]
-    path = write(swarm, 0, cols, f"malformed-{damage}.parquet")
-    code, out, err = run_cli(["validate", str(path)], capsys)
+    path = write(swarm, 0, cols, f"malformed-{damage}.parquet", run_dir=tmp_path)
+    code, out, err = run_cli(["validate", str(path), *claimed(swarm)], capsys)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and "unusable: malformed proofs in sample 2" in err
 
