@@ -310,7 +310,7 @@ def read_rollout_file(path: Path, cfg: RunConfig) -> tuple[pa.Table, RolloutMeta
     try:
         return read_rollouts(path, run_bounds(cfg))
     except RolloutFileError as exc:
-        raise UnusableInput(f"unreadable rollout file: {exc}") from None
+        raise UnusableInput(f"unreadable rollout file: {exc.problem}") from None
 
 
 def duplicate_verdict(digest: str, meta: RolloutMeta, seen: SeenFiles) -> Verdict | None:
@@ -430,7 +430,7 @@ def validate_file(
         try:
             read_rollouts(path)  # a broken file is the first thing to say
         except RolloutFileError as bad:
-            return unusable(f"unreadable rollout file: {bad}")
+            return unusable(f"unreadable rollout file: {bad.problem}")
         return unusable(str(exc))
     try:
         seen = earlier_files(path)
