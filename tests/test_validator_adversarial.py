@@ -461,9 +461,10 @@ def test_truncated_file_and_wrong_schema_are_unusable_by_the_real_command(swarm,
     )
 
 
+@pytest.mark.timeout(1800)  # minutes on a busy machine
 def test_honest_workers_are_never_rejected(swarm):
     """2,048 honest samples: different batch sizes (64 to 1,024), thread counts and batch mixes,
-    each file judged by a validator on 1 and on 2 threads (the worker's count and the other)."""
+    each file judged by a validator on the other thread count than its worker's (1 vs 2)."""
     g = swarm.cfg.sampling.group_size
     per_file = swarm.cfg.worker.prompts_per_file
     plans = [
@@ -502,14 +503,13 @@ def test_honest_workers_are_never_rejected(swarm):
             rows = per_file * g
             for k in range(files):
                 part = {name: values[k * rows : (k + 1) * rows] for name, values in cols.items()}
-                path = write(swarm, counter + k, part)
-                for validator_threads in (1, 2):
-                    torch.set_num_threads(validator_threads)
-                    verdicts.append(judge(swarm, path))
+                torch.set_num_threads(3 - threads)  # the validator on the other thread count
+                verdicts.append(judge(swarm, write(swarm, counter + k, part)))
+                torch.set_num_threads(threads)
             counter += files
     finally:
         torch.set_num_threads(1)
-    samples = sum(v.figures["samples"] for v in verdicts) // 2
+    samples = sum(v.figures["samples"] for v in verdicts)
     assert samples >= 2048
     rejected = [v.reason for v in verdicts if v.status != "accepted"]
     assert rejected == []

@@ -42,7 +42,7 @@ class ValidatorSettings(BaseModel):
         description="largest |reported - recomputed| logprob (nats) of any token",
     )
     replay_tolerance: float = Field(
-        default=1e-3,
+        default=1e-4,
         ge=0,
         description="slack on the CDF interval a token's seed uniform must fall in (numerical drift)",
     )
