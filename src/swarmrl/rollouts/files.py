@@ -62,7 +62,7 @@ class RolloutFileError(ValueError):
 class RolloutMeta(BaseModel):
     """File-level metadata of a rollout file, as the worker claims it (strictly typed)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     run_id: str = Field(min_length=1, max_length=256, description="the run the file is for")
     worker_address: str = Field(
@@ -170,7 +170,8 @@ def _meta_from_schema(path: Path, schema: pa.Schema) -> RolloutMeta:
     if raw is None:
         raise RolloutFileError(path, "no swarmrl metadata in the Parquet footer")
     try:
-        return RolloutMeta.model_validate_json(raw)
+        # Strict: a worker's string "3" is not the step 3.
+        return RolloutMeta.model_validate_json(raw, strict=True)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "metadata"
