@@ -586,3 +586,18 @@ def test_mutated_honest_files_get_a_verdict_never_an_exception(run, tmp_path, mu
         collector = collect(run, cfg)
         read = len(collector.rejected) + (1 if collector.all_rewards else 0)
         assert read == 1 and len(collector.seen) == 1
+
+
+def test_an_unexpected_error_while_judging_is_an_unusable_verdict(run, tmp_path):
+    """Whatever goes wrong inside the validator, the process records a verdict and goes on."""
+    cfg = make_run_dir(run, tmp_path)
+    path = write(cfg, "a.parquet", run.honest[0], meta_for(run, run.honest[0], 0))
+
+    def broken_policy(step: int):
+        raise RuntimeError(f"cannot map checkpoint {step}\nsecond line")
+
+    verdict = judge_file(path, cfg, broken_policy, ValidatorSettings(), SeenFiles(), run.task)
+    assert verdict.status == Status.UNUSABLE
+    assert verdict.reason == (
+        "unusable: error while judging the file: RuntimeError: cannot map checkpoint 0"
+    )

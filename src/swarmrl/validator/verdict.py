@@ -188,6 +188,14 @@ def validate_rollouts(
         return unusable(exc.problem)
     except UnusableInput as exc:
         return unusable(str(exc))
+    except Exception as exc:
+        log.error("unexpected error while judging %s", meta.worker_address, exc_info=True)
+        return _internal_error(exc)
+
+
+def _internal_error(exc: Exception) -> Verdict:
+    """An error no check foresaw: the file cannot be judged, and the message says why."""
+    return unusable(f"error while judging the file: {type(exc).__name__}: {exc}".splitlines()[0])
 
 
 def _validate(
@@ -409,9 +417,7 @@ def judge_file(
         return unusable(str(exc))
     except Exception as exc:
         log.error("unexpected error while judging %s", path, exc_info=True)
-        return unusable(
-            f"error while judging the file: {type(exc).__name__}: {exc}".splitlines()[0]
-        )
+        return _internal_error(exc)
 
 
 def validate_file(
