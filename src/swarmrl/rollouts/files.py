@@ -27,6 +27,7 @@ import hashlib
 import math
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -35,6 +36,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from swarmrl.rollouts.rows import FLOAT_COLUMNS, SCHEMA, TOKEN_COLUMNS
 from swarmrl.runfolder import step_of_folder
+
+if TYPE_CHECKING:
+    from swarmrl.config import RunConfig
 
 SCHEMA_VERSION = 1
 _META_KEY = b"swarmrl"
@@ -99,7 +103,7 @@ class RolloutBounds(BaseModel):
 
     @classmethod
     def for_run(
-        cls, cfg, *, vocab_size: int | None = None, context_tokens: int | None = None
+        cls, cfg: RunConfig, *, vocab_size: int | None = None, context_tokens: int | None = None
     ) -> RolloutBounds:
         """Bounds from a ``RunConfig``: a file holds at most one submission of prompts x group."""
         new = cfg.sampling.max_new_tokens
