@@ -10,10 +10,11 @@ import torch
 from helpers import random_model
 from swarmrl.inference.fast_llama import length_batches
 from swarmrl.rewards import group_advantages
+from swarmrl.rollouts import Rollouts
 from swarmrl.runfolder import RunFolder
 from swarmrl.validator import checks, cli, selected_for_validation
 from swarmrl.validator.prefill import TokenStats
-from swarmrl.validator.sampling_test import kolmogorov_p, replay, sample_uniforms
+from swarmrl.validator.sampling import kolmogorov_p, replay, sample_uniforms
 
 
 def test_selection_is_deterministic_secret_dependent_and_hits_the_fraction():
@@ -64,9 +65,9 @@ def test_replay_accepts_the_interval_holding_the_seed_uniform_and_nothing_else()
 
 def _rows(
     rewards: list[float], task_rewards: list[float], targets: list[int], lengths: list[int]
-) -> checks.Rows:
+) -> Rollouts:
     n = len(rewards)
-    return checks.Rows(
+    return Rollouts(
         problem_id=["p"] * n,
         input_tokens=[[5]] * n,
         output_tokens=[[7] * k for k in lengths],
@@ -117,23 +118,20 @@ def test_values_check_recomputes_penalties_rewards_and_advantages():
 
 def test_consistency_check_bounds_policy_step_and_groups():
     rows = _rows([0.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 1.0], [32] * 4, [3] * 4)
-    rows = checks.Rows(**{**rows.__dict__, "policy_step": [4] * 4})
+    rows = Rollouts(**{**rows.__dict__, "policy_step": [4] * 4})
     ok = {
         "step": 5,
         "async_level": 2,
         "group_size": 4,
         "prompts": 1,
-        "max_new_tokens": 48,
-        "vocab_size": 10,
         "run_id": "r",
         "expected_run_id": "r",
         "num_nonzero": 4,
     }
     assert checks.check_consistency(rows, **ok).passed
-    stale = checks.Rows(**{**rows.__dict__, "policy_step": [2] * 4})
+    stale = Rollouts(**{**rows.__dict__, "policy_step": [2] * 4})
     assert "outside [3, 5]" in checks.check_consistency(stale, **ok).failures[0].detail
     assert not checks.check_consistency(rows, **{**ok, "num_nonzero": 0}).passed
-    assert not checks.check_consistency(rows, **{**ok, "vocab_size": 6}).passed
 
 
 def test_prefill_batches_respect_the_token_budget():
@@ -209,12 +207,9 @@ def test_validator_service_secret_and_verdicts_without_a_model(tmp_path):
     import os
 
     from swarmrl.config import load_config
-    from swarmrl.validator.service import (
-        _Policies,
-        judge,
-        run_secret,
-        verdict_counts,
-    )
+    from swarmrl.rollouts import SeenFiles
+    from swarmrl.validator import ValidatorSettings, judge_file
+    from swarmrl.validator.service import _Policies, run_secret, verdict_counts
 
     run_dir = tmp_path / "run"
     secret = run_secret(run_dir)
@@ -223,11 +218,16 @@ def test_validator_service_secret_and_verdicts_without_a_model(tmp_path):
 
     cfg = load_config(None, {"run_name": "r"})
     policies = _Policies(run_dir / "checkpoints")
-    pruned = judge(_planted(run_dir, "a.parquet", 5, 3), cfg, policies, settings=None)
-    future = judge(_planted(run_dir, "b.parquet", 5, 7), cfg, policies, settings=None)
+    settings = ValidatorSettings()
+    pruned = judge_file(
+        _planted(run_dir, "a.parquet", 5, 3), cfg, policies.get, settings, SeenFiles()
+    )
+    future = judge_file(
+        _planted(run_dir, "b.parquet", 5, 7), cfg, policies.get, settings, SeenFiles()
+    )
     garbage = run_dir / "rollouts" / "step_000005" / "c.parquet"
     garbage.write_bytes(b"not parquet")
-    unreadable = judge(garbage, cfg, policies, settings=None)
+    unreadable = judge_file(garbage, cfg, policies.get, settings, SeenFiles())
     assert pruned.status == "skipped" and "pruned" in pruned.reason
     assert future.status == "rejected" and "policy step 7 outside [3, 5]" in future.reason
     assert future.failed_checks == ["consistency"]
@@ -246,7 +246,9 @@ def test_checkpoint_pruned_while_the_validator_loads_it_is_a_skip(tmp_path):
     between the validator's check and its load makes the file skipped, not a crash."""
     from swarmrl.checkpoints import checkpoint_dir, prune_checkpoints
     from swarmrl.config import load_config
-    from swarmrl.validator.service import _Policies, judge
+    from swarmrl.rollouts import SeenFiles
+    from swarmrl.validator import ValidatorSettings, judge_file
+    from swarmrl.validator.service import _Policies
 
     run_dir = tmp_path / "run"
     model, tok = random_model()
@@ -260,10 +262,11 @@ def test_checkpoint_pruned_while_the_validator_loads_it_is_a_skip(tmp_path):
             prune_checkpoints(self.ckpt_root, keep=2)  # the trainer, right after the check
             return super().get(step)
 
-    verdict = judge(
+    verdict = judge_file(
         path,
         load_config(None, {"run_name": "r"}),
-        PrunedDuringLoad(run_dir / "checkpoints"),
-        settings=None,
+        PrunedDuringLoad(run_dir / "checkpoints").get,
+        ValidatorSettings(),
+        SeenFiles(),
     )
     assert verdict.status == "skipped" and "pruned" in verdict.reason

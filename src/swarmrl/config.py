@@ -184,10 +184,20 @@ class ValidatorConfig(_Section):
         le=1,
         description="fraction of rollout files the validator process of `swarmrl run` checks, chosen by HMAC(secret, file hash) so a worker cannot tell which (0 = no validator process)",
     )
-    toploc: Literal["fp32", "paper"] = Field(
+    toploc: str = Field(
         "fp32",
-        description="TOPLOC thresholds: fp32 (calibrated on fp32 models, 8/0.5/1) or paper (bf16 GPUs, 38/10/8)",
+        description="TOPLOC thresholds, a preset of swarmrl.validator.TOPLOC_PRESETS: fp32 (calibrated on fp32 models) or paper (bf16 GPUs)",
     )
+
+    @field_validator("toploc")
+    @classmethod
+    def _known_preset(cls, name: str) -> str:
+        from swarmrl.validator.settings import TOPLOC_PRESETS  # the one list (imports this module)
+
+        if name not in TOPLOC_PRESETS:
+            raise ValueError(f"unknown TOPLOC preset {name!r}; one of {sorted(TOPLOC_PRESETS)}")
+        return name
+
     threads: int = Field(1, ge=1, description="torch threads for the validator process")
     poll_seconds: float = Field(
         0.5, gt=0, description="how often the validator looks for new rollout files"

@@ -15,7 +15,7 @@ import numpy as np
 from swarmrl.assignment import stable_hash
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import RunConfig
-from swarmrl.inference.rollout import completion_text
+from swarmrl.inference.rollout import completion_text, prompt_ids
 from swarmrl.inference.sampler import SamplingParams, sample
 from swarmrl.tasks.base import Task
 
@@ -44,10 +44,7 @@ def evaluate(
             targets[stable_hash("target|" + p.problem_id) % len(targets)] if targets else None
             for p in chunk
         ]
-        prompts = [
-            tok(task.render_prompt(p, t))["input_ids"]
-            for p, t in zip(chunk, chunk_targets, strict=True)
-        ]
+        prompts = [prompt_ids(tok, task, p, t) for p, t in zip(chunk, chunk_targets, strict=True)]
         seeds = [stable_hash("eval|" + p.problem_id) >> 1 for p in chunk]
         gens = sample(model, prompts, seeds, params, pad_id=tok.pad_token_id, capture_hidden=False)
         for problem, target, gen in zip(chunk, chunk_targets, gens, strict=True):

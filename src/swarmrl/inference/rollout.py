@@ -14,7 +14,8 @@ import torch
 from swarmrl.assignment import Assignment
 from swarmrl.inference.sampler import Generation, SamplingParams, sample
 from swarmrl.rewards import group_advantages, has_signal, score_sample
-from swarmrl.tasks.base import Task
+from swarmrl.rollouts import empty_columns
+from swarmrl.tasks.base import Problem, Task
 from swarmrl.toploc import build_proofs_batch, proofs_to_bytes
 
 
@@ -26,6 +27,12 @@ class RolloutBatch:
     gen_seconds: float
     gen_tokens: int
     proof_seconds: float
+
+
+def prompt_ids(tokenizer, task: Task, problem: Problem, target: int | None) -> list[int]:
+    """The prompt's token ids; a target length of None or -1 (the column's "none") means no target."""
+    rendered = task.render_prompt(problem, target if target is not None and target >= 0 else None)
+    return tokenizer(rendered)["input_ids"]
 
 
 def completion_text(tokenizer, tokens: list[int], eos_id: int) -> str:
@@ -55,7 +62,7 @@ def generate_rollouts(
     for p_idx, (problem, target) in enumerate(
         zip(problems, assignment.target_lengths, strict=True)
     ):
-        ids = tokenizer(task.render_prompt(problem, target if target >= 0 else None))["input_ids"]
+        ids = prompt_ids(tokenizer, task, problem, target)
         for s in assignment.sample_seeds[p_idx]:
             prompts.append(ids)
             seeds.append(s)
@@ -66,23 +73,7 @@ def generate_rollouts(
     )
     gen_seconds = time.perf_counter() - start
 
-    cols: dict[str, list] = {
-        k: []
-        for k in (
-            "problem_id",
-            "input_tokens",
-            "output_tokens",
-            "output_logprobs",
-            "rewards",
-            "task_rewards",
-            "length_penalties",
-            "advantages",
-            "target_lengths",
-            "policy_step",
-            "seed",
-            "proofs",
-        )
-    }
+    cols = empty_columns()
     rewards = []
     for gen, p_idx, prompt, seed in zip(gens, owners, prompts, seeds, strict=True):
         problem, target = problems[p_idx], assignment.target_lengths[p_idx]
@@ -130,5 +121,8 @@ def proof_column(states: list[torch.Tensor]) -> list[bytes]:
 def attach_proofs(batch: RolloutBatch) -> None:
     """Fill the batch's ``proofs`` column from its generations' hidden states, in place."""
     start = time.perf_counter()
-    batch.columns["proofs"] = proof_column([g.hidden for g in batch.generations])
+    states = [g.hidden for g in batch.generations if g.hidden is not None]
+    if len(states) != len(batch.generations):
+        raise ValueError("attach_proofs needs generations sampled with capture_hidden=True")
+    batch.columns["proofs"] = proof_column(states)
     batch.proof_seconds = time.perf_counter() - start

@@ -100,6 +100,10 @@ class _TopEntries:
     bits: np.ndarray  # int64 [chunks, k']: raw bf16 bits (as uint16) at those positions
 
 
+# The paper's bf16 thresholds: the default for a verifier given none.
+PAPER_THRESHOLDS = ToplocThresholds()
+
+
 def build_proofs(activations: torch.Tensor, chunk_size: int = 32, topk: int = 128) -> list[bytes]:
     """Build one TOPLOC proof per chunk of ``chunk_size`` rows of ``activations``.
 
@@ -136,7 +140,7 @@ def verify_proofs(
     proofs: list[bytes],
     chunk_size: int = 32,
     topk: int = 128,
-    thresholds: ToplocThresholds = ToplocThresholds(),
+    thresholds: ToplocThresholds = PAPER_THRESHOLDS,
 ) -> list[ChunkCheck]:
     """Check ``proofs`` against the verifier's own ``activations`` (bf16 ``[tokens, hidden]``).
 
@@ -154,7 +158,7 @@ def verify_proofs_batch(
     proofs: Sequence[list[bytes]],
     chunk_size: int = 32,
     topk: int = 128,
-    thresholds: ToplocThresholds = ToplocThresholds(),
+    thresholds: ToplocThresholds = PAPER_THRESHOLDS,
 ) -> list[list[ChunkCheck]]:
     """``verify_proofs`` for many sequences at once: one list of ``ChunkCheck`` per sequence.
 

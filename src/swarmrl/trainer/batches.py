@@ -1,8 +1,12 @@
 """Collect a training batch for step n from the rollout files in `rollouts/step_<n>/`.
 
-Online filtering and the async bound live here:
-- a file that is unreadable or breaks the schema is rejected (logged with the file and
-  the problem, never retried) and the trainer keeps going;
+Online filtering, the async bound and the trust boundary live here:
+- every file goes through the strict reader (``rollouts.read_rollouts``) with the run's
+  bounds (samples per file, completion length, vocabulary); a file it refuses, or one
+  for another step, is rejected (logged with the file and the problem, never retried)
+  before anything of it enters a batch, and the trainer keeps going;
+- a sample counts once, whatever file carries it: a file with the bytes of one already
+  read, and a sample of an (assignment, index) already read, are dropped as duplicates;
 - samples whose `policy_step` is older than n - async_level, or newer than n (a policy
   that did not exist yet), are dropped;
 - groups whose samples all got the same reward (zero advantage) are dropped;
@@ -18,21 +22,47 @@ from pathlib import Path
 import numpy as np
 
 from swarmrl.rewards import has_signal
-from swarmrl.rollouts import RolloutFileError, read_rollouts
+from swarmrl.rollouts import (
+    LOOSE_BOUNDS,
+    AssignmentKey,
+    RolloutBounds,
+    RolloutFileError,
+    Rollouts,
+    SampleKey,
+    SeenFiles,
+    file_hash,
+    read_rollouts,
+)
 
 log = logging.getLogger("swarmrl.trainer")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Sample:
-    input_tokens: list[int]
-    output_tokens: list[int]
-    advantage: float
-    reward: float
-    task_reward: float
-    length_penalty: float
-    target_length: int
-    policy_step: int
+    """One row of a rollout file, as the trainer uses it."""
+
+    rows: Rollouts
+    index: int
+
+    @property
+    def input_tokens(self) -> list[int]:
+        return self.rows.input_tokens[self.index]
+
+    @property
+    def output_tokens(self) -> list[int]:
+        return self.rows.output_tokens[self.index]
+
+    @property
+    def advantage(self) -> float:
+        return self.rows.advantages[self.index]
+
+    @property
+    def reward(self) -> float:
+        return self.rows.rewards[self.index]
+
+    @property
+    def policy_step(self) -> int:
+        return self.rows.policy_step[self.index]
 
 
 @dataclass
@@ -42,11 +72,15 @@ class BatchCollector:
     folder: Path
     step: int
     async_level: int
+    bounds: RolloutBounds = LOOSE_BOUNDS
     seen: set[str] = field(default_factory=set)
     groups: list[list[Sample]] = field(default_factory=list)
     rejected: list[tuple[str, str]] = field(default_factory=list)
     dropped_stale: int = 0
     dropped_zero: int = 0
+    dropped_duplicate: int = 0
+    counted: SeenFiles = field(default_factory=SeenFiles)
+    counted_samples: set[SampleKey] = field(default_factory=set)
     # Every sample read for this step, usable or not: what the policy actually scored.
     all_rewards: list[float] = field(default_factory=list)
     all_task_rewards: list[float] = field(default_factory=list)
@@ -61,53 +95,59 @@ class BatchCollector:
         """Read every new complete file in the step folder."""
         if not self.folder.is_dir():
             return
-        files = sorted(self.folder.glob("*.parquet"), key=lambda p: (p.stat().st_mtime_ns, p.name))
-        for path in files:
-            if path.name in self.seen:
-                continue
-            self.seen.add(path.name)
+        files = []
+        for path in self.folder.glob("*.parquet"):
             try:
-                table, meta = read_rollouts(path)
+                files.append((path.stat().st_mtime_ns, path.name, path))
+            except OSError:
+                continue  # removed meanwhile
+        for _, name, path in sorted(files):
+            if name in self.seen:
+                continue
+            self.seen.add(name)
+            try:
+                digest = file_hash(path)
+                table, meta = read_rollouts(path, self.bounds)
                 if meta.step != self.step:
                     raise RolloutFileError(
                         path,
                         f"file is for step {meta.step}, found in the folder of step {self.step}",
                     )
-            except RolloutFileError as exc:
-                self.rejected.append((str(path), exc.problem))
-                log.error("rejected rollout file %s", exc)
+            except (OSError, RolloutFileError) as exc:
+                problem = exc.problem if isinstance(exc, RolloutFileError) else str(exc)
+                self.rejected.append((str(path), problem))
+                log.error("rejected rollout file %s: %s", path, problem)
                 continue
-            self._add(table.to_pydict())
+            key = AssignmentKey.of(meta)
+            if digest in self.counted.by_hash:
+                self.dropped_duplicate += table.num_rows
+                log.warning("%s: %s", path, self.counted.duplicate_reason(digest, key))
+                continue
+            self.counted.add(name, digest, key)
+            self._add(Rollouts.from_table(table), key)
 
-    def _add(self, rows: dict[str, list]) -> None:
-        n = len(rows["problem_id"])
-        self.all_rewards.extend(rows["rewards"])
-        self.all_task_rewards.extend(rows["task_rewards"])
-        self.all_length_penalties.extend(rows["length_penalties"])
+    def _add(self, rows: Rollouts, key: AssignmentKey) -> None:
+        n = len(rows)
+        self.all_rewards.extend(rows.rewards)
+        self.all_task_rewards.extend(rows.task_rewards)
+        self.all_length_penalties.extend(rows.length_penalties)
         self.all_length_errors.extend(
             abs(t - len(o))
-            for t, o in zip(rows["target_lengths"], rows["output_tokens"], strict=True)
+            for t, o in zip(rows.target_lengths, rows.output_tokens, strict=True)
             if t >= 0
         )
         start = 0
         while start < n:
             end = start
-            while end < n and rows["problem_id"][end] == rows["problem_id"][start]:
+            while end < n and rows.problem_id[end] == rows.problem_id[start]:
                 end += 1
-            group = [
-                Sample(
-                    rows["input_tokens"][i],
-                    rows["output_tokens"][i],
-                    rows["advantages"][i],
-                    rows["rewards"][i],
-                    rows["task_rewards"][i],
-                    rows["length_penalties"][i],
-                    rows["target_lengths"][i],
-                    rows["policy_step"][i],
-                )
-                for i in range(start, end)
-            ]
+            group = [Sample(rows, i) for i in range(start, end)]
+            keys = [SampleKey(key, i) for i in range(start, end)]
             start = end
+            if any(k in self.counted_samples for k in keys):
+                self.dropped_duplicate += len(group)
+                continue
+            self.counted_samples.update(keys)
             fresh = [s for s in group if self.step - self.async_level <= s.policy_step <= self.step]
             self.dropped_stale += len(group) - len(fresh)
             if len(fresh) != len(group):

@@ -39,6 +39,7 @@ from swarmrl.checkpoints import (
     trainer_state_path,
 )
 from swarmrl.config import RunConfig
+from swarmrl.rollouts import RolloutBounds
 from swarmrl.trainer.batches import BatchCollector, Sample
 from swarmrl.trainer.loss import GRPOLossInput, grpo_loss, token_logprobs
 from swarmrl.trainer.metrics import StepMetrics, read_metrics
@@ -157,7 +158,14 @@ class Trainer:
         tmp.replace(status)
 
     def collect(self, step: int) -> tuple[list[Sample], BatchCollector, float]:
-        collector = BatchCollector(self.folder.rollout_step(step), step, self.cfg.async_level)
+        bounds = RolloutBounds.for_run(
+            self.cfg,
+            vocab_size=self.model.config.vocab_size,
+            context_tokens=getattr(self.model.config, "max_position_embeddings", None),
+        )
+        collector = BatchCollector(
+            self.folder.rollout_step(step), step, self.cfg.async_level, bounds=bounds
+        )
         start = last_report = time.perf_counter()
         since = time.time()
         reported = -1

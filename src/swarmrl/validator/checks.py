@@ -4,7 +4,7 @@ Each check returns a ``CheckResult``: its name, the samples that fail it (first 
 detail per sample) and a few figures. Nothing here touches disk or runs the model; the
 verdict module (``verdict.py``) gathers the inputs and runs the checks in order:
 
-consistency -> assignment -> values -> termination -> toploc -> logprobs -> sampling
+duplicate -> consistency -> assignment -> values -> termination -> toploc -> logprobs -> sampling
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from swarmrl.rewards import group_advantages, has_signal, length_penalty
+from swarmrl.rollouts import Rollouts
 from swarmrl.toploc import ToplocThresholds, verify_proofs_batch
 from swarmrl.validator.prefill import TokenStats
-from swarmrl.validator.sampling_test import ReplayResult, SamplingStatistics
+from swarmrl.validator.sampling import ReplayResult, SamplingStatistics
 
 CHECK_ORDER = (
+    "duplicate",
     "consistency",
     "assignment",
     "values",
@@ -51,27 +53,6 @@ class CheckResult:
 
 
 @dataclass(frozen=True)
-class Rows:
-    """A rollout file's columns as Python lists (one entry per sample)."""
-
-    problem_id: list[str]
-    input_tokens: list[list[int]]
-    output_tokens: list[list[int]]
-    output_logprobs: list[list[float]]
-    rewards: list[float]
-    task_rewards: list[float]
-    length_penalties: list[float]
-    advantages: list[float]
-    target_lengths: list[int]
-    policy_step: list[int]
-    seed: list[int]
-    proofs: list[bytes]
-
-    def __len__(self) -> int:
-        return len(self.problem_id)
-
-
-@dataclass(frozen=True)
 class ExpectedPrompt:
     """What the assignment says row i must hold."""
 
@@ -86,19 +67,21 @@ def _result(name: str, failures: list[CheckFailure], **figures) -> CheckResult:
 
 
 def check_consistency(
-    rows: Rows,
+    rows: Rollouts,
     *,
     step: int,
     async_level: int,
     group_size: int,
     prompts: int,
-    max_new_tokens: int,
-    vocab_size: int,
     run_id: str,
     expected_run_id: str,
     num_nonzero: int,
 ) -> CheckResult:
-    """Shape of the file: size, one group per prompt, policy step within the async bound, token ids."""
+    """Shape of the file: size, one group per prompt, policy step within the async bound.
+
+    Token ids, lengths and finite values were checked by the strict reader's bounds
+    (``rollouts.read_rollouts``, ``check_rollout_table``) before any check runs.
+    """
     failures = []
     if run_id != expected_run_id:
         failures.append(
@@ -147,18 +130,6 @@ def check_consistency(
                     f"sample is not in the group of sample {head}: a group is {group_size} consecutive samples of one prompt",
                 )
             )
-        elif len(rows.output_tokens[i]) > max_new_tokens:
-            failures.append(
-                CheckFailure(
-                    "consistency",
-                    i,
-                    f"{len(rows.output_tokens[i])} completion tokens, above the limit {max_new_tokens}",
-                )
-            )
-        elif not all(0 <= t < vocab_size for t in rows.input_tokens[i] + rows.output_tokens[i]):
-            failures.append(
-                CheckFailure("consistency", i, f"token id outside the vocabulary [0, {vocab_size})")
-            )
     if len(rows) % group_size == 0:
         counted = sum(
             group_size
@@ -176,7 +147,7 @@ def check_consistency(
     return _result("consistency", failures)
 
 
-def check_assignment(rows: Rows, expected: list[ExpectedPrompt]) -> CheckResult:
+def check_assignment(rows: Rollouts, expected: list[ExpectedPrompt]) -> CheckResult:
     """Each row holds the prompt, target length and seed that the assignment seed gives it."""
     failures = []
     for i in range(min(len(rows), len(expected))):
@@ -226,7 +197,7 @@ def _close(stored: float, recomputed: float, tolerance: float) -> bool:
 
 
 def check_values(
-    rows: Rows, task_rewards: list[float], *, alpha: float, group_size: int, tolerance: float
+    rows: Rollouts, task_rewards: list[float], *, alpha: float, group_size: int, tolerance: float
 ) -> CheckResult:
     """Task rewards (recomputed by the caller), length penalties, totals and group advantages."""
     failures: dict[int, CheckFailure] = {}
@@ -260,7 +231,7 @@ def check_values(
 
 
 def check_termination(
-    rows: Rows,
+    rows: Rollouts,
     stats: list[TokenStats],
     replays: list[ReplayResult],
     *,
@@ -268,8 +239,10 @@ def check_termination(
     max_new_tokens: int,
     min_eos_prob: float,
     replay_exempts_eos: bool,
+    replay_floor: float,
 ) -> CheckResult:
-    """A sample ends with EOS or at the length limit; an EOS is probable (> min_eos_prob) or replay-confirmed."""
+    """A sample ends with EOS or at the length limit; an EOS is probable (> min_eos_prob), or
+    replay-confirmed and not below the replay floor."""
     failures = []
     low_eos = 0
     for i, out in enumerate(rows.output_tokens):
@@ -288,14 +261,20 @@ def check_termination(
             )
         elif out[-1] == eos_id and not stats[i].eos_probs[-1] > min_eos_prob:
             low_eos += 1
-            confirmed = replay_exempts_eos and replays[i].misses == 0
+            # Below the floor no replay excuses the EOS: a worker that forged it could
+            # otherwise hide it inside the replay's numerical slack.
+            confirmed = (
+                replay_exempts_eos
+                and replays[i].misses == 0
+                and stats[i].eos_probs[-1] >= replay_floor
+            )
             if not confirmed:
                 failures.append(
                     CheckFailure(
                         "termination",
                         i,
                         f"ends on an EOS of probability {stats[i].eos_probs[-1]:.3g} "
-                        f"(needs > {min_eos_prob} unless the seed replay draws it)",
+                        f"(needs > {min_eos_prob}, or >= {replay_floor} and drawn by the seed replay)",
                     )
                 )
     return _result("termination", failures, low_probability_eos=low_eos)
@@ -336,7 +315,7 @@ def check_toploc(
     )
 
 
-def check_logprobs(rows: Rows, stats: list[TokenStats], tolerance: float) -> CheckResult:
+def check_logprobs(rows: Rollouts, stats: list[TokenStats], tolerance: float) -> CheckResult:
     """The worker's reported output_logprobs agree with the recomputed ones."""
     failures = []
     worst = 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
@@ -11,9 +12,9 @@ def _validate(args: argparse.Namespace) -> int:
     import torch
 
     from swarmrl.rollouts import file_hash
+    from swarmrl.validator.settings import TOPLOC_PRESETS, ValidatorSettings
     from swarmrl.validator.verdict import (
-        TOPLOC_PRESETS,
-        ValidatorSettings,
+        Status,
         selected_for_validation,
         validate_file,
         verdict_json,
@@ -42,31 +43,43 @@ def _validate(args: argparse.Namespace) -> int:
                 f"{args.file}: skipped: not among the {args.fraction:.0%} of files chosen for validation"
             )
             return 0
-    chosen_settings = {"toploc": TOPLOC_PRESETS[args.toploc]}
+    settings = ValidatorSettings(toploc=TOPLOC_PRESETS[args.toploc])
     if args.min_eos_prob is not None:
-        chosen_settings["min_eos_prob"] = args.min_eos_prob
-    settings = ValidatorSettings(**chosen_settings)
-    verdict = validate_file(
-        args.file, model_dir=args.model, config_path=args.config, settings=settings
-    )
+        settings = settings.model_copy(update={"min_eos_prob": args.min_eos_prob})
+    # The verdict's one line is the command's output; the traceback of an internal error
+    # (which the validator logs) is not for the terminal.
+    quiet = logging.getLogger("swarmrl.validator")
+    quiet.propagate, propagate = False, quiet.propagate
+    quiet.addHandler(silent := logging.NullHandler())
+    try:
+        verdict = validate_file(
+            args.file, model_dir=args.model, config_path=args.config, settings=settings
+        )
+    finally:
+        quiet.propagate = propagate
+        quiet.removeHandler(silent)
     if args.json:
         print(verdict_json(verdict, args.file))
     else:
         print(
             verdict_line(verdict, args.file),
-            file=sys.stderr if verdict.status == "unusable" else sys.stdout,
+            file=sys.stderr if verdict.status == Status.UNUSABLE else sys.stdout,
         )
     return verdict.exit_code
 
 
 def register(subparsers) -> None:
     """Add `validate` to the `swarmrl` command's subparsers."""
+    from swarmrl.validator.settings import TOPLOC_PRESETS, toploc_preset_help
+
     p = subparsers.add_parser(
         "validate",
         help="check a rollout file (TOPLOC, sampling, termination, assignment, values); exit 0 accepted, 1 rejected, 2 unusable",
         description="Recompute every sample with one batched prefill of the claimed checkpoint and run the validator's checks "
         "(docs/validator.md). Exit code 0: accepted, 1: rejected (the reason names the check and sample), "
-        "2: the input cannot be judged (unreadable file, wrong schema, malformed proofs, missing checkpoint or config).",
+        "2: the input cannot be judged (unreadable file, wrong schema or metadata, values outside the run's bounds, "
+        "malformed proofs, missing checkpoint or config). A file repeating an earlier file of its folder "
+        "(same bytes or same assignment) is rejected as a duplicate.",
     )
     p.add_argument(
         "file",
@@ -93,9 +106,9 @@ def register(subparsers) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads for the prefill")
     p.add_argument(
         "--toploc",
-        choices=["fp32", "paper"],
+        choices=list(TOPLOC_PRESETS),
         default="fp32",
-        help="TOPLOC thresholds: fp32 (calibrated on fp32 models, 8/0.5/1) or paper (bf16 GPUs, 38/10/8) [default: fp32]",
+        help=f"TOPLOC thresholds (exponent mismatches / mean / median mantissa error): {toploc_preset_help()} [default: fp32]",
     )
     p.add_argument(
         "--min-eos-prob",

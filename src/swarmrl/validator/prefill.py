@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from transformers import PreTrainedModel
 
 from swarmrl.inference.fast_llama import (
     continuation_states,
@@ -107,7 +108,7 @@ def _distribution_stats(
 
 @torch.inference_mode()
 def recompute(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     prompts: list[list[int]],
     completions: list[list[int]],
     *,
@@ -158,7 +159,7 @@ def recompute(
 
 
 def _forward_states(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     prompts: list[list[int]],
     completions: list[list[int]],
     token_budget: int,

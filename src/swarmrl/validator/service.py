@@ -4,10 +4,17 @@ they arrive, and write one verdict per judged file.
 - Which files: ``selected_for_validation(file hash, secret, fraction)``. The secret is
   made once per run, 32 random bytes in ``<run>/validator/secret`` (mode 0600). On one
   machine the workers could read it; in a real swarm only the validator holds it.
+- Files are taken in arrival order (modification time, then name), as the trainer
+  counts them. A file repeating one seen before (the same bytes, or an assignment
+  already answered) is rejected as a duplicate, whether or not the earlier one was
+  picked.
 - Verdicts: one JSON line per judged file in ``<run>/validator/verdicts.jsonl``
-  (``file``, ``status``, ``reason``, ``failed_checks``, ``seconds``); a file the
-  validator did not pick is not listed. A restarted validator reads the log and judges
-  only the files it lacks.
+  (``file``, ``file_hash``, ``assignment``, ``status``, ``reason``, ``failed_checks``,
+  ``seconds``); a file the validator did not pick is not listed. A restarted validator
+  reads the log, remembers the hashes and assignments it judged, and judges only the
+  files it lacks.
+- No file can stop it: an unexpected error while judging is logged with its traceback
+  and recorded as ``unusable`` with its message, and the next file is judged.
 - The claimed checkpoint is loaded once per policy step and kept while files for it
   arrive. A file whose checkpoint the trainer has already pruned (it keeps the last
   ``trainer.keep_checkpoints``) is logged as ``skipped``, not held against the worker.
@@ -33,19 +40,11 @@ import torch
 from swarmrl.checkpoints import checkpoint_dir, load_policy
 from swarmrl.config import RunConfig
 from swarmrl.jsonl import read_jsonl
-from swarmrl.rollouts import file_hash
+from swarmrl.rollouts import AssignmentKey, RolloutFileError, SeenFiles, file_hash, read_meta
 from swarmrl.runfolder import RunFolder
-from swarmrl.validator import checks
-from swarmrl.validator.verdict import (
-    TOPLOC_PRESETS,
-    UnusableInput,
-    ValidatorSettings,
-    Verdict,
-    read_rollout_file,
-    rejected_or_accepted,
-    selected_for_validation,
-    validate_rollouts,
-)
+from swarmrl.tasks.registry import build_task
+from swarmrl.validator.settings import TOPLOC_PRESETS, ValidatorSettings
+from swarmrl.validator.verdict import Status, Verdict, judge_file, selected_for_validation
 
 log = logging.getLogger("swarmrl.validator")
 
@@ -71,9 +70,17 @@ def read_verdicts(run_dir: Path) -> list[dict]:
 def verdict_counts(run_dir: Path) -> dict[str, int]:
     """Judged files by status (accepted, rejected, unusable, skipped)."""
     counts = Counter(v.get("status") for v in read_verdicts(run_dir))
-    return {
-        status: counts.get(status, 0) for status in ("accepted", "rejected", "unusable", "skipped")
-    }
+    return {status.value: counts.get(status.value, 0) for status in Status}
+
+
+def _remembered(verdicts: list[dict]) -> SeenFiles:
+    """The hashes and assignments of the files judged before a restart."""
+    seen = SeenFiles()
+    for v in verdicts:
+        key = v.get("assignment")
+        if v.get("file_hash") and isinstance(key, list) and 3 <= len(key) <= 4:
+            seen.add(str(v["file"]), str(v["file_hash"]), AssignmentKey(*key))
+    return seen
 
 
 @dataclass
@@ -86,42 +93,34 @@ class _Policies:
     def __post_init__(self) -> None:
         self.loaded: dict[int, tuple] = {}
 
-    def get(self, step: int):
+    def get(self, step: int) -> tuple | Verdict:
+        """The policy, or a ``skipped`` verdict when the trainer has pruned its checkpoint."""
         if step not in self.loaded:
-            self.loaded[step] = load_policy(checkpoint_dir(self.ckpt_root, step))
+            try:
+                self.loaded[step] = load_policy(checkpoint_dir(self.ckpt_root, step))
+            except (OSError, ValueError):
+                # The trainer keeps only the newest few checkpoints and may prune this one
+                # before or even during the load: that is a skip, not a validator failure.
+                if not checkpoint_dir(self.ckpt_root, step).is_dir():
+                    return Verdict(
+                        Status.SKIPPED,
+                        f"skipped: checkpoint {step} was pruned before the file was judged",
+                    )
+                raise
             for old in sorted(self.loaded)[: -self.keep]:
                 del self.loaded[old]
         return self.loaded[step]
 
 
-def judge(path: Path, cfg: RunConfig, policies: _Policies, settings: ValidatorSettings) -> Verdict:
-    """One file's verdict with the run's config and the claimed checkpoint (never raises for bad input)."""
-    try:
-        table, meta = read_rollout_file(path)
-        policy_step = table.column("policy_step")[0].as_py()
-        low = max(0, meta.step - cfg.async_level)
-        if not low <= policy_step <= meta.step:
-            # Decidable without the checkpoint (which may never have existed, or be pruned).
-            failure = checks.CheckFailure(
-                "consistency",
-                None,
-                f"policy step {policy_step} outside [{low}, {meta.step}] for step {meta.step}",
-            )
-            return rejected_or_accepted([checks.CheckResult("consistency", (failure,))], {})
+def _arrivals(rollouts: Path) -> list[Path]:
+    """Rollout files in arrival order: modification time, then name."""
+    listed = []
+    for path in rollouts.glob("step_*/*.parquet"):
         try:
-            model, tokenizer = policies.get(policy_step)
-        except Exception:
-            # The trainer keeps only the newest few checkpoints and may prune this one
-            # before or even during the load: that is a skip, not a validator failure.
-            if not checkpoint_dir(policies.ckpt_root, policy_step).is_dir():
-                return Verdict(
-                    "skipped",
-                    f"skipped: checkpoint {policy_step} was pruned before the file was judged",
-                )
-            raise
-        return validate_rollouts(table, meta, model, tokenizer, cfg, settings)
-    except UnusableInput as exc:
-        return Verdict("unusable", f"unusable: {exc}")
+            listed.append((path.stat().st_mtime_ns, path.name, path))
+        except OSError:
+            continue  # removed meanwhile
+    return [path for *_, path in sorted(listed)]
 
 
 def run_validator(cfg: RunConfig) -> dict[str, int]:
@@ -131,39 +130,57 @@ def run_validator(cfg: RunConfig) -> dict[str, int]:
     secret = run_secret(run_dir)
     settings = ValidatorSettings(toploc=TOPLOC_PRESETS[cfg.validator.toploc])
     policies = _Policies(cfg.folder.checkpoints)
+    task = build_task(cfg.task)  # once: a user's task re-reads its problem file when built
     out_path = cfg.folder.verdicts
-    seen = {v["file"] for v in read_verdicts(run_dir)}
+    judged = read_verdicts(run_dir)
+    done_paths = {v["file"] for v in judged}
+    seen = _remembered(judged)
     passed: set[str] = set()  # files not chosen
     while True:
         done = cfg.folder.trainer_done.exists()  # read before listing: no file can be missed
         pending = [
             p
-            for p in sorted(cfg.folder.rollouts.glob("step_*/*.parquet"))
-            if str(p) not in seen and str(p) not in passed
+            for p in _arrivals(cfg.folder.rollouts)
+            if str(p) not in done_paths and str(p) not in passed
         ]
         for path in pending:
             try:
-                chosen = selected_for_validation(file_hash(path), secret, cfg.validator.fraction)
+                digest = file_hash(path)
             except OSError:
                 continue  # removed meanwhile
-            if not chosen:
+            if not selected_for_validation(digest, secret, cfg.validator.fraction):
                 passed.add(str(path))
+                _remember(seen, path, digest)
                 continue
             start = time.perf_counter()
-            verdict = judge(path, cfg, policies, settings)
+            verdict = judge_file(path, cfg, policies.get, settings, seen, task)
+            key = _remember(seen, path, digest) if verdict.status != Status.UNUSABLE else None
             record = {
                 "file": str(path),
-                "status": verdict.status,
+                "file_hash": digest,
+                "assignment": list(key) if key else None,
+                "status": verdict.status.value,
                 "reason": verdict.reason,
                 "failed_checks": verdict.failed_checks,
                 "seconds": round(time.perf_counter() - start, 3),
             }
             with open(out_path, "a") as fh:
                 fh.write(json.dumps(record) + "\n")
-            seen.add(str(path))
-            level = logging.INFO if verdict.status in ("accepted", "skipped") else logging.WARNING
-            log.log(level, "%s: %s", path.name, verdict.reason)
+            done_paths.add(str(path))
+            quiet = verdict.status in (Status.ACCEPTED, Status.SKIPPED)
+            log.log(logging.INFO if quiet else logging.WARNING, "%s: %s", path.name, verdict.reason)
         if done and not pending:
             return verdict_counts(run_dir)
         if not pending:
             time.sleep(cfg.validator.poll_seconds)
+
+
+def _remember(seen: SeenFiles, path: Path, digest: str) -> AssignmentKey | None:
+    """Count a readable file as seen (the first file of an assignment keeps it)."""
+    try:
+        key = AssignmentKey.of(read_meta(path))
+    except (OSError, RolloutFileError):
+        return None  # an unreadable file claims no assignment
+    if seen.duplicate_reason(digest, key) is None:
+        seen.add(str(path), digest, key)
+    return key

@@ -1,10 +1,14 @@
 """Validate one rollout file end to end and return a verdict: accepted, rejected or unusable.
 
-- *unusable* (exit 2): the validator cannot judge the file: unreadable Parquet, wrong
-  schema, malformed proof bytes, a missing checkpoint or config. The reason is one line.
+- *unusable* (exit 2): the validator cannot judge the file: anything the strict reader
+  refuses (unreadable Parquet, wrong schema or metadata, a value outside the run's
+  bounds, NaN, a step that disagrees with the file's folder), malformed proof bytes, a
+  missing checkpoint or config, or an unexpected error while judging. One line.
 - *rejected* (exit 1): a check failed; the verdict names the first failing check (in
-  ``checks.CHECK_ORDER``) and sample, and lists every failing check.
-- *accepted* (exit 0).
+  ``checks.CHECK_ORDER``) and sample, and lists every failing check. A duplicate (the
+  bytes of a file already counted, or an assignment already answered) is rejected.
+- *accepted* (exit 0); *skipped* (exit 0): not judged (not chosen, or the claimed
+  checkpoint is gone).
 
 The claimed checkpoint is ``<run>/checkpoints/step_<policy_step>`` and the config
 ``<run>/config.json``, where ``<run>`` is three folders above the file
@@ -20,90 +24,70 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field
 
 from swarmrl.assignment import assign
 from swarmrl.checkpoints import checkpoint_dir
 from swarmrl.config import ConfigError, RunConfig, load_config
-from swarmrl.inference.rollout import completion_text
-from swarmrl.rollouts import RolloutFileError, RolloutMeta, read_rollouts
+from swarmrl.inference.rollout import completion_text, prompt_ids
+from swarmrl.rollouts import (
+    AssignmentKey,
+    RolloutBounds,
+    RolloutFileError,
+    RolloutMeta,
+    Rollouts,
+    SeenFiles,
+    check_rollout_table,
+    file_hash,
+    read_meta,
+    read_rollouts,
+)
 from swarmrl.runfolder import RunFolder
+from swarmrl.tasks.base import Problem, Task
 from swarmrl.tasks.registry import build_task
-from swarmrl.toploc import ProofFormatError, ToplocThresholds, bytes_to_proofs
+from swarmrl.toploc import ProofFormatError, bytes_to_proofs
 from swarmrl.validator import checks
 from swarmrl.validator.prefill import recompute
-from swarmrl.validator.sampling_test import replay, sampling_statistics
+from swarmrl.validator.sampling import replay, sampling_statistics
+from swarmrl.validator.settings import ValidatorSettings
 
-# TOPLOC thresholds calibrated for fp32 workers and validators (docs/validator.md): over
-# 2,048 honest samples on the tiny model, across batch sizes 64-1,024 and 1-2 threads,
-# the worst chunk had 2 exponent mismatches, mean mantissa error 0.008 and median 0 with
-# the Hugging Face forward as the validator's prefill (1, 0 and 0 with the fast decoder).
-# The paper's 38/10/8 were set for bf16 on GPUs; on fp32 they pass weights perturbed by
-# 10% of their spread. Use PAPER_TOPLOC when workers run bf16.
-FP32_TOPLOC = ToplocThresholds(max_exp_mismatches=8, max_mant_err_mean=0.5, max_mant_err_median=1.0)
-PAPER_TOPLOC = ToplocThresholds()
-TOPLOC_PRESETS = {"fp32": FP32_TOPLOC, "paper": PAPER_TOPLOC}
-
-
-class ValidatorSettings(BaseModel):
-    """How strict the validator is; docs/validator.md gives the measured honest spread of each figure."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    toploc: ToplocThresholds = Field(
-        FP32_TOPLOC,
-        description="TOPLOC chunk thresholds (default: calibrated for fp32; PAPER_TOPLOC for bf16)",
-    )
-    logprob_tolerance: float = Field(
-        1e-3, ge=0, description="largest |reported - recomputed| logprob (nats) of any token"
-    )
-    replay_tolerance: float = Field(
-        1e-3,
-        ge=0,
-        description="slack on the CDF interval a token's seed uniform must fall in (numerical drift)",
-    )
-    max_replay_misses: int = Field(
-        0, ge=0, description="tokens per sample allowed outside their replayed CDF interval"
-    )
-    min_eos_prob: float = Field(
-        0.1,
-        ge=0,
-        le=1,
-        description="an EOS that ends a sample must have had at least this probability ...",
-    )
-    replay_exempts_eos: bool = Field(
-        True, description="... unless the seed replay confirms the worker drew it (an honest draw)"
-    )
-    sampling_alpha: float = Field(
-        1e-6, gt=0, lt=1, description="false-reject rate of each file-level sampling test"
-    )
-    value_tolerance: float = Field(
-        1e-5,
-        ge=0,
-        description="largest |stored - recomputed| reward, penalty or (relative) advantage",
-    )
-    token_budget: int = Field(16384, ge=1, description="padded tokens per prefill batch")
+log = logging.getLogger("swarmrl.validator")
 
 
 class UnusableInput(Exception):
     """The validator cannot judge this input; the message is one line saying why."""
 
 
+class Status(StrEnum):
+    """Every verdict a validator gives, with the exit code of `swarmrl validate`."""
+
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+    UNUSABLE = "unusable"
+    SKIPPED = "skipped"
+
+    @property
+    def exit_code(self) -> int:
+        return {"accepted": 0, "skipped": 0, "rejected": 1, "unusable": 2}[self.value]
+
+
 @dataclass(frozen=True)
 class Verdict:
-    status: str  # "accepted" | "rejected" | "unusable"
+    status: Status
     reason: str  # one line
     failures: tuple[checks.CheckFailure, ...] = ()
     figures: dict = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
-        return {"accepted": 0, "rejected": 1, "unusable": 2}[self.status]
+        return self.status.exit_code
 
     @property
     def failed_checks(self) -> list[str]:
@@ -111,12 +95,16 @@ class Verdict:
 
     def to_json(self) -> dict:
         return {
-            "status": self.status,
+            "status": self.status.value,
             "reason": self.reason,
             "failed_checks": self.failed_checks,
             "failures": [asdict(f) for f in self.failures],
             "figures": self.figures,
         }
+
+
+def unusable(problem: str) -> Verdict:
+    return Verdict(Status.UNUSABLE, f"unusable: {problem}")
 
 
 def selected_for_validation(file_hash: str, secret: bytes, fraction: float) -> bool:
@@ -130,14 +118,8 @@ def selected_for_validation(file_hash: str, secret: bytes, fraction: float) -> b
     return int.from_bytes(mac[:8], "big") < fraction * 2.0**64
 
 
-def rows_from_table(table: pa.Table) -> checks.Rows:
-    return checks.Rows(
-        **{name: table.column(name).to_pylist() for name in checks.Rows.__dataclass_fields__}
-    )
-
-
 def _expected_prompts(
-    cfg: RunConfig, meta: RolloutMeta, task, tokenizer
+    cfg: RunConfig, meta: RolloutMeta, task: Task, tokenizer
 ) -> tuple[list[checks.ExpectedPrompt], dict]:
     """Row by row, what the assignment seed gives; and the assigned problems by id."""
     plan = assign(
@@ -150,13 +132,14 @@ def _expected_prompts(
         group_size=cfg.sampling.group_size,
         target_lengths=cfg.task.target_lengths,
     )
-    expected, problems = [], {}
+    expected: list[checks.ExpectedPrompt] = []
+    problems: dict[str, Problem] = {}
     for index, target, seeds in zip(
         plan.problem_indices, plan.target_lengths, plan.sample_seeds, strict=True
     ):
         problem = task.train_problem(index)
         problems[problem.problem_id] = problem
-        ids = tokenizer(task.render_prompt(problem, target if target >= 0 else None))["input_ids"]
+        ids = prompt_ids(tokenizer, task, problem, target)
         expected.extend(
             checks.ExpectedPrompt(problem.problem_id, ids, target, seed) for seed in seeds
         )
@@ -166,14 +149,23 @@ def _expected_prompts(
 def rejected_or_accepted(results: list[checks.CheckResult], figures: dict) -> Verdict:
     failures = tuple(f for r in results for f in r.failures)
     if not failures:
-        return Verdict("accepted", f"accepted: {len(results)} checks passed", (), figures)
+        return Verdict(Status.ACCEPTED, f"accepted: {len(results)} checks passed", (), figures)
     first = failures[0]
     where = f"sample {first.sample}" if first.sample is not None else "file"
     also = [name for name in dict.fromkeys(f.check for f in failures) if name != first.check]
     tail = f" (also failing: {', '.join(also)})" if also else ""
     return Verdict(
-        "rejected", f"rejected: {first.check}: {where}: {first.detail}{tail}", failures, figures
+        Status.REJECTED,
+        f"rejected: {first.check}: {where}: {first.detail}{tail}",
+        failures,
+        figures,
     )
+
+
+def rejected(check: str, detail: str) -> Verdict:
+    """A verdict for one file-level failure, decided before any model runs."""
+    failure = checks.CheckFailure(check, None, detail)
+    return rejected_or_accepted([checks.CheckResult(check, (failure,))], {})
 
 
 def validate_rollouts(
@@ -182,12 +174,48 @@ def validate_rollouts(
     model,
     tokenizer,
     cfg: RunConfig,
-    settings: ValidatorSettings = ValidatorSettings(),
+    settings: ValidatorSettings | None = None,
+    task: Task | None = None,
 ) -> Verdict:
-    """Run every check on a schema-checked table (from ``read_rollouts``) with the claimed policy loaded."""
+    """Every check on a table from ``read_rollouts``, with the claimed policy loaded.
+
+    Never raises for bad input: whatever the table holds, the answer is a verdict.
+    ``task`` saves rebuilding the run's task (re-reading its problem file) per file.
+    """
+    try:
+        return _validate(table, meta, model, tokenizer, cfg, settings or ValidatorSettings(), task)
+    except RolloutFileError as exc:
+        return unusable(exc.problem)
+    except UnusableInput as exc:
+        return unusable(str(exc))
+    except Exception as exc:
+        log.error("unexpected error while judging %s", meta.worker_address, exc_info=True)
+        return _internal_error(exc)
+
+
+def _internal_error(exc: Exception) -> Verdict:
+    """An error no check foresaw: the file cannot be judged, and the message says why."""
+    return unusable(f"error while judging the file: {type(exc).__name__}: {exc}".splitlines()[0])
+
+
+def _validate(
+    table: pa.Table,
+    meta: RolloutMeta,
+    model,
+    tokenizer,
+    cfg: RunConfig,
+    settings: ValidatorSettings,
+    task: Task | None,
+) -> Verdict:
     start = time.perf_counter()
-    rows = rows_from_table(table)
-    task = build_task(cfg.task)
+    # The vocabulary is known only now, with the claimed checkpoint loaded.
+    check_rollout_table(
+        Path(f"<{meta.worker_address} step {meta.step}>"),
+        table,
+        run_bounds(cfg, vocab_size=model.config.vocab_size),
+    )
+    rows = Rollouts.from_table(table)
+    task = task or build_task(cfg.task)
     eos_id = tokenizer.eos_token_id
     group = cfg.sampling.group_size
     results = [
@@ -197,8 +225,6 @@ def validate_rollouts(
             async_level=cfg.async_level,
             group_size=group,
             prompts=cfg.worker.prompts_per_file,
-            max_new_tokens=cfg.sampling.max_new_tokens,
-            vocab_size=model.config.vocab_size,
             run_id=meta.run_id,
             expected_run_id=cfg.run_name,
             num_nonzero=meta.num_nonzero,
@@ -223,7 +249,7 @@ def validate_rollouts(
         )
     )
     if not results[0].passed:
-        # Token ids or shapes the model cannot take: the consistency failure is the verdict.
+        # Shapes the model cannot take as a batch: the consistency failure is the verdict.
         return rejected_or_accepted(results, {"samples": len(rows)})
 
     hidden_size = model.config.hidden_size
@@ -246,7 +272,8 @@ def validate_rollouts(
     )
     prefill_seconds = time.perf_counter() - prefill_start
     replays = [
-        replay(s, seed, settings.replay_tolerance) for s, seed in zip(stats, rows.seed, strict=True)
+        replay(s, seed, settings.replay_tolerance, settings.replay_floor)
+        for s, seed in zip(stats, rows.seed, strict=True)
     ]
     results.append(
         checks.check_termination(
@@ -257,6 +284,7 @@ def validate_rollouts(
             max_new_tokens=cfg.sampling.max_new_tokens,
             min_eos_prob=settings.min_eos_prob,
             replay_exempts_eos=settings.replay_exempts_eos,
+            replay_floor=settings.replay_floor,
         )
     )
     results.append(checks.check_toploc([s.hidden for s in stats], proofs, settings.toploc))
@@ -280,40 +308,116 @@ def validate_rollouts(
     return rejected_or_accepted(results, figures)
 
 
-def read_rollout_file(path: Path) -> tuple[pa.Table, RolloutMeta]:
-    """The file's schema-checked table and metadata; ``UnusableInput`` if unreadable or empty."""
+def run_bounds(cfg: RunConfig, vocab_size: int | None = None) -> RolloutBounds:
+    """What an honest file of this run can hold (the strict reader's bounds)."""
+    return RolloutBounds.for_run(cfg, vocab_size=vocab_size)
+
+
+def read_rollout_file(path: Path, cfg: RunConfig) -> tuple[pa.Table, RolloutMeta]:
+    """The file's checked table and metadata; ``UnusableInput`` for anything the reader refuses."""
     try:
-        table, meta = read_rollouts(path)
+        return read_rollouts(path, run_bounds(cfg))
     except RolloutFileError as exc:
-        raise UnusableInput(f"unreadable rollout file: {exc}") from None
-    if table.num_rows == 0:
-        raise UnusableInput(f"{path}: the file has no samples")
-    return table, meta
+        raise UnusableInput(f"unreadable rollout file: {exc.problem}") from None
 
 
-def _load(path: Path, model_dir: Path | None, config_path: Path | None):
-    table, meta = read_rollout_file(path)
+def duplicate_verdict(digest: str, meta: RolloutMeta, seen: SeenFiles) -> Verdict | None:
+    """Rejected if the file repeats one already counted (same bytes, or same assignment)."""
+    reason = seen.duplicate_reason(digest, AssignmentKey.of(meta))
+    return rejected("duplicate", reason) if reason else None
+
+
+def policy_window_verdict(table: pa.Table, meta: RolloutMeta, cfg: RunConfig) -> Verdict | None:
+    """Rejected if the claimed policy step lies outside the async bound: decidable without the
+    checkpoint (which may never have existed, or be pruned)."""
+    policy_step = table.column("policy_step")[0].as_py()
+    low = max(0, meta.step - cfg.async_level)
+    if low <= policy_step <= meta.step:
+        return None
+    return rejected(
+        "consistency",
+        f"policy step {policy_step} outside [{low}, {meta.step}] for step {meta.step}",
+    )
+
+
+def earlier_files(path: Path) -> SeenFiles:
+    """The files of ``path``'s folder that arrived before it (modification time, then name),
+    as the trainer counts them: the ones this file would duplicate."""
+    path = Path(path)
+    mine = (path.stat().st_mtime_ns, path.name)
+    listed = []
+    for other in path.parent.glob("*.parquet"):
+        try:
+            listed.append(((other.stat().st_mtime_ns, other.name), other))
+        except OSError:
+            continue  # removed meanwhile
+    seen = SeenFiles()
+    for order, other in sorted(listed):
+        if order >= mine:
+            break
+        try:
+            seen.add(other.name, file_hash(other), AssignmentKey.of(read_meta(other)))
+        except (OSError, RolloutFileError):
+            continue  # an unreadable file counts for nothing
+    return seen
+
+
+def _load_config(path: Path, config_path: Path | None) -> RunConfig:
     run_dir = Path(path).resolve().parent.parent.parent
-    config_path = Path(config_path) if config_path else RunFolder(run_dir).config
     try:
-        cfg = load_config(config_path)
+        return load_config(Path(config_path) if config_path else RunFolder(run_dir).config)
     except ConfigError as exc:
         raise UnusableInput(f"{exc} (pass --config)") from None
-    policy_step = table.column("policy_step")[0].as_py()
+
+
+def _load_model(path: Path, model_dir: Path | None, policy_step: int):
+    from swarmrl.checkpoints import load_policy
+
+    run_dir = Path(path).resolve().parent.parent.parent
     model_dir = (
         Path(model_dir)
         if model_dir
         else checkpoint_dir(RunFolder(run_dir).checkpoints, policy_step)
     )
-    from swarmrl.checkpoints import load_policy
-
     try:
-        model, tokenizer = load_policy(model_dir)
+        return load_policy(model_dir)
     except (OSError, ValueError) as exc:
         raise UnusableInput(
             f"cannot load the claimed checkpoint {model_dir}: {str(exc).splitlines()[0]} (pass --model)"
         ) from None
-    return table, meta, model, tokenizer, cfg
+
+
+def judge_file(
+    path: Path,
+    cfg: RunConfig,
+    policy: Callable[[int], Verdict | tuple],
+    settings: ValidatorSettings,
+    seen: SeenFiles,
+    task: Task | None = None,
+) -> Verdict:
+    """One file from disk: strict read, duplicate and policy-window checks, then every check
+    with the policy that ``policy(step)`` gives (or the verdict it returns instead).
+
+    Never raises: an unexpected error is logged with its traceback and the file is
+    unusable, so a validator always goes on to the next file.
+    """
+    try:
+        table, meta = read_rollout_file(path, cfg)
+        early = duplicate_verdict(file_hash(path), meta, seen) or policy_window_verdict(
+            table, meta, cfg
+        )
+        if early is not None:
+            return early
+        loaded = policy(table.column("policy_step")[0].as_py())
+        if isinstance(loaded, Verdict):
+            return loaded
+        model, tokenizer = loaded
+        return validate_rollouts(table, meta, model, tokenizer, cfg, settings, task)
+    except UnusableInput as exc:
+        return unusable(str(exc))
+    except Exception as exc:
+        log.error("unexpected error while judging %s", path, exc_info=True)
+        return _internal_error(exc)
 
 
 def validate_file(
@@ -321,14 +425,30 @@ def validate_file(
     *,
     model_dir: Path | None = None,
     config_path: Path | None = None,
-    settings: ValidatorSettings = ValidatorSettings(),
+    settings: ValidatorSettings | None = None,
 ) -> Verdict:
-    """Validate one rollout file from disk; never raises for bad input (the verdict says 'unusable')."""
+    """Validate one rollout file from disk; never raises for bad input (the verdict says
+    'unusable'). Duplicates are judged against the files that arrived before it in its folder."""
+    path = Path(path)
     try:
-        table, meta, model, tokenizer, cfg = _load(Path(path), model_dir, config_path)
-        return validate_rollouts(table, meta, model, tokenizer, cfg, settings)
+        cfg = _load_config(path, config_path)
     except UnusableInput as exc:
-        return Verdict("unusable", f"unusable: {exc}")
+        try:
+            read_rollouts(path)  # a broken file is the first thing to say
+        except RolloutFileError as bad:
+            return unusable(f"unreadable rollout file: {bad.problem}")
+        return unusable(str(exc))
+    try:
+        seen = earlier_files(path)
+    except OSError as exc:
+        return unusable(f"{path}: cannot read the file ({exc})")
+    return judge_file(
+        path,
+        cfg,
+        lambda step: _load_model(path, model_dir, step),
+        settings or ValidatorSettings(),
+        seen,
+    )
 
 
 def verdict_line(verdict: Verdict, path: Path) -> str:

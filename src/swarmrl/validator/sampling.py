@@ -5,9 +5,10 @@
    validator knows the seed and recomputes the CDF, so an honest token lies in the CDF
    interval [low_t, high_t] that contains u_t, up to numerical drift between the worker's
    decode and the validator's prefill. A token further than ``tolerance`` outside its
-   interval is a replay miss. With the tolerance above the drift (measured in
-   docs/validator.md) an honest worker never misses; text from any other source misses
-   on nearly every token whose distribution is not almost deterministic.
+   interval is a replay miss, and a token less likely than a floor gets no slack at all.
+   With the tolerance above the drift (measured in docs/validator.md) an honest worker
+   never misses; text from any other source misses on nearly every token whose
+   distribution is not almost deterministic.
 2. **Surprisal z-test** (file level). Under honest sampling the surprisal s_t = -log q(x_t)
    of each token has conditional mean H_t (the entropy of q_t) and variance V_t; the sum
    of s_t - H_t is a martingale, so Z = sum(s_t - H_t) / sqrt(sum V_t) is approximately
@@ -50,11 +51,17 @@ class ReplayResult:
     worst_excess: float  # largest distance of a uniform outside its interval (<= 0: all inside)
 
 
-def replay(stats: TokenStats, seed: int, tolerance: float) -> ReplayResult:
-    """Check each token against the inverse-CDF draw its seed implies (see module docstring)."""
+def replay(stats: TokenStats, seed: int, tolerance: float, floor: float = 0.0) -> ReplayResult:
+    """Check each token against the inverse-CDF draw its seed implies (see module docstring).
+
+    A token of probability below ``floor`` gets no slack: its uniform must lie inside its
+    interval. Otherwise a worker could swap in an unlikely token (a digit, an early EOS)
+    whenever the seed's uniform falls within ``tolerance`` of that token's interval.
+    """
     u = sample_uniforms(seed, len(stats.cdf_low))
     excess = np.maximum(stats.cdf_low - u, u - stats.cdf_high)
-    missed = np.flatnonzero(excess > tolerance)
+    slack = np.where(stats.prob >= floor, tolerance, 0.0)
+    missed = np.flatnonzero(excess > slack)
     return ReplayResult(
         int(missed.size), int(missed[0]) if missed.size else None, float(excess.max())
     )

@@ -1,0 +1,603 @@
+"""Hostile rollout files: none may crash or fool the validator, the validator process or the
+trainer's collector.
+
+Each finding is built as an attacker would, with the project's own writer or with
+pyarrow directly, and sent through the real `swarmrl validate` command, the validator
+process's judging (and, once, the real `swarmrl validator` process) and the trainer's
+``BatchCollector``. A hypothesis property test then mutates honest files at random
+(any column, type, length, metadata field or byte): the answer is always accepted,
+rejected or unusable, never an exception.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from swarmrl.assignment import assign
+from swarmrl.checkpoints import load_policy
+from swarmrl.config import RunConfig, load_config
+from swarmrl.inference.rollout import generate_rollouts
+from swarmrl.inference.sampler import SamplingParams
+from swarmrl.model.build import WarmStartRecipe, ensure_default_model
+from swarmrl.rewards import has_signal
+from swarmrl.rollouts import (
+    COLUMNS,
+    SCHEMA,
+    RolloutBounds,
+    RolloutMeta,
+    Rollouts,
+    SeenFiles,
+    write_rollouts,
+)
+from swarmrl.runfolder import step_name
+from swarmrl.tasks.registry import build_task
+from swarmrl.trainer.batches import BatchCollector
+from swarmrl.validator import Status, ValidatorSettings, checks, judge_file, validate_file
+from swarmrl.validator import cli as validator_cli
+from swarmrl.validator.prefill import TokenStats
+from swarmrl.validator.sampling import ReplayResult, replay, sample_uniforms
+from swarmrl.validator.service import _Policies, read_verdicts
+
+ADDRESS = "0xworker"
+VERDICTS = {Status.ACCEPTED, Status.REJECTED, Status.UNUSABLE}
+
+
+@dataclasses.dataclass
+class Run:
+    model_dir: Path
+    cfg: RunConfig
+    model: torch.nn.Module
+    tok: object
+    task: object
+    params: SamplingParams
+    honest: dict[int, dict]  # submission counter -> honest columns for step 0
+
+    @property
+    def bounds(self) -> RolloutBounds:
+        return RolloutBounds.for_run(
+            self.cfg,
+            vocab_size=self.model.config.vocab_size,
+            context_tokens=self.model.config.max_position_embeddings,
+        )
+
+
+def make_run_dir(run: Run, root: Path, **overrides) -> RunConfig:
+    """A run folder with the run's config and the claimed checkpoint (step 0)."""
+    cfg = load_config(
+        None,
+        {
+            **run.cfg.model_dump(exclude={"output_dir"}),
+            "output_dir": str(root),
+            **overrides,
+        },
+    )
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.folder.config.write_text(cfg.model_dump_json(indent=2))
+    cfg.folder.checkpoints.mkdir(exist_ok=True)
+    link = cfg.folder.checkpoints / step_name(0)
+    if not link.exists():
+        os.symlink(run.model_dir, link)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Run:
+    # The same cached warm start as the adversarial tests: made once per machine.
+    model_dir = ensure_default_model(
+        Path(tempfile.gettempdir()) / "swarmrl-validator-tests", WarmStartRecipe(steps=30)
+    )
+    root = tmp_path_factory.mktemp("hostile")
+    cfg = load_config(
+        None,
+        {
+            "run_name": "hostile",
+            "output_dir": str(root),
+            "worker.prompts_per_file": 4,
+            "sampling.group_size": 8,
+            "validator.fraction": 1.0,
+            "validator.poll_seconds": 0.05,
+        },
+    )
+    torch.set_num_threads(1)
+    model, tok = load_policy(model_dir)
+    params = SamplingParams(
+        temperature=cfg.sampling.temperature,
+        max_new_tokens=cfg.sampling.max_new_tokens,
+        eos_token_id=tok.eos_token_id,
+        top_p=cfg.sampling.top_p,
+    )
+    r = Run(model_dir, cfg, model, tok, build_task(cfg.task), params, {})
+    for counter in range(3):
+        r.honest[counter] = honest_columns(r, counter)
+    return r
+
+
+def plan(run: Run, counter: int):
+    return assign(
+        run.cfg.seed,
+        ADDRESS,
+        0,
+        counter,
+        num_problems=run.task.num_train(),
+        prompts=run.cfg.worker.prompts_per_file,
+        group_size=run.cfg.sampling.group_size,
+        target_lengths=run.cfg.task.target_lengths,
+    )
+
+
+def honest_columns(run: Run, counter: int) -> dict:
+    return generate_rollouts(
+        run.model, run.tok, run.task, plan(run, counter), run.params, 0, run.cfg.task.length_penalty
+    ).columns
+
+
+def copy_cols(cols: dict) -> dict:
+    return {k: list(v) for k, v in cols.items()}
+
+
+def meta_for(run: Run, cols: dict, counter: int, step: int = 0) -> RolloutMeta:
+    g = run.cfg.sampling.group_size
+    rewards = cols["rewards"]
+    return RolloutMeta(
+        run_id=run.cfg.run_name,
+        worker_address=ADDRESS,
+        step=step,
+        submission=counter,
+        num_samples=len(rewards),
+        num_nonzero=sum(g for i in range(0, len(rewards), g) if has_signal(rewards[i : i + g])),
+    )
+
+
+def write(
+    cfg: RunConfig, name: str, cols: dict, meta: RolloutMeta | bytes, folder_step: int = 0
+) -> Path:
+    """Write a rollout file into the run's `step_<folder_step>` folder; raw bytes as metadata
+    write what no honest writer would."""
+    path = cfg.folder.rollout_step(folder_step) / name
+    if isinstance(meta, RolloutMeta):
+        return write_rollouts(path, cols, meta)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pydict(cols, schema=SCHEMA).replace_schema_metadata({b"swarmrl": meta})
+    pq.write_table(table, path)
+    return path
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    parser = argparse.ArgumentParser()
+    validator_cli.register(parser.add_subparsers())
+    args = parser.parse_args(argv)
+    code = args.func(args)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def collect(run: Run, cfg: RunConfig) -> BatchCollector:
+    collector = BatchCollector(cfg.folder.rollout_step(0), 0, cfg.async_level, bounds=run.bounds)
+    collector.poll()
+    return collector
+
+
+def service_verdict(run: Run, cfg: RunConfig, path: Path):
+    """What the validator process decides for one file (its judging function, its policies)."""
+    return judge_file(
+        path, cfg, _Policies(cfg.folder.checkpoints).get, ValidatorSettings(), SeenFiles(), run.task
+    )
+
+
+# --- hostile files, one per finding -------------------------------------------------------
+
+
+def negative_token_file(run: Run, cfg: RunConfig, statistics: bool = True) -> Path:
+    cols = copy_cols(run.honest[0])
+    cols["output_tokens"][3] = [*cols["output_tokens"][3][:-1], -7]
+    path = cfg.folder.rollout_step(0) / f"negative-{statistics}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pydict(cols, schema=SCHEMA).replace_schema_metadata(
+        {b"swarmrl": meta_for(run, cols, 0).model_dump_json().encode()}
+    )
+    pq.write_table(table, path, write_statistics=statistics)
+    return path
+
+
+def string_step_file(run: Run, cfg: RunConfig) -> Path:
+    cols = copy_cols(run.honest[0])
+    raw = json.loads(meta_for(run, cols, 0).model_dump_json())
+    raw["step"] = "0"
+    return write(cfg, "string-step.parquet", cols, json.dumps(raw).encode())
+
+
+def bomb_file(cfg: RunConfig, tokens: int = 100_000) -> Path:
+    """A file's worth of completions of 100,000 tokens each: a few kB on disk, hundreds of MB
+    as Python lists."""
+    rows = cfg.worker.prompts_per_file * cfg.sampling.group_size
+    offsets = pa.array(np.arange(rows + 1, dtype=np.int32) * tokens)
+    ints = pa.ListArray.from_arrays(offsets, pa.array(np.full(rows * tokens, 5, dtype=np.int32)))
+    floats = pa.ListArray.from_arrays(offsets, pa.array(np.zeros(rows * tokens, dtype=np.float32)))
+    columns = {
+        "problem_id": pa.array(["add-1-2"] * rows),
+        "input_tokens": pa.array([[5, 6, 7]] * rows, type=pa.list_(pa.int32())),
+        "output_tokens": ints,
+        "output_logprobs": floats,
+        "rewards": pa.array(np.zeros(rows, dtype=np.float32)),
+        "task_rewards": pa.array(np.zeros(rows, dtype=np.float32)),
+        "length_penalties": pa.array(np.zeros(rows, dtype=np.float32)),
+        "advantages": pa.array(np.zeros(rows, dtype=np.float32)),
+        "target_lengths": pa.array(np.full(rows, -1, dtype=np.int32)),
+        "policy_step": pa.array(np.zeros(rows, dtype=np.int32)),
+        "seed": pa.array(np.arange(rows, dtype=np.int64)),
+        "proofs": pa.array([b""] * rows, type=pa.binary()),
+    }
+    meta = RolloutMeta(
+        run_id=cfg.run_name,
+        worker_address=ADDRESS,
+        step=0,
+        submission=9,
+        num_samples=rows,
+        num_nonzero=0,
+    )
+    table = pa.table(columns).cast(SCHEMA)
+    path = cfg.folder.rollout_step(0) / "bomb.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(
+        table.replace_schema_metadata({b"swarmrl": meta.model_dump_json().encode()}), path
+    )
+    return path
+
+
+def nan_file(run: Run, cfg: RunConfig) -> Path:
+    cols = copy_cols(run.honest[0])
+    cols["output_logprobs"][1] = [float("nan"), *cols["output_logprobs"][1][1:]]
+    return write(cfg, "nan.parquet", cols, meta_for(run, cols, 0))
+
+
+def wrong_folder_file(run: Run, cfg: RunConfig) -> Path:
+    """An honest step-0 file, placed in the folder of step 1."""
+    cols = copy_cols(run.honest[0])
+    return write(cfg, "moved.parquet", cols, meta_for(run, cols, 0), folder_step=1)
+
+
+HOSTILE = {
+    "negative token id": (negative_token_file, "negative token id"),
+    "negative token id, no statistics": (
+        lambda run, cfg: negative_token_file(run, cfg, statistics=False),
+        "negative token id",
+    ),
+    "string step": (string_step_file, "malformed swarmrl metadata: step"),
+    "decompression bomb": (lambda run, cfg: bomb_file(cfg), "column 'output_tokens' holds"),
+    "NaN logprob": (nan_file, "NaN or infinity"),
+    "folder and metadata disagree": (
+        wrong_folder_file,
+        "file is for step 0, found in the folder of step 1",
+    ),
+}
+
+
+@pytest.mark.parametrize("finding", list(HOSTILE))
+def test_each_finding_is_unusable_with_one_line_everywhere(run, tmp_path, capsys, finding):
+    build, reason = HOSTILE[finding]
+    cfg = make_run_dir(run, tmp_path)
+    path = build(run, cfg)
+    # `swarmrl validate`: exit 2, one line on stderr naming the file and the problem.
+    code, out, err = run_cli(["validate", str(path)], capsys)
+    assert code == 2 and out == "", out
+    assert err.count("\n") == 1 and str(path) in err and reason in err, err
+    # The validator process's judging.
+    verdict = service_verdict(run, cfg, path)
+    assert verdict.status == Status.UNUSABLE and reason in verdict.reason, verdict.reason
+    # The trainer's collector: rejected before anything of it enters a batch.
+    collector = BatchCollector(path.parent, 0, cfg.async_level, bounds=run.bounds)
+    collector.poll()
+    assert collector.groups == [] and collector.all_rewards == []
+    assert [p for p, _ in collector.rejected] == [str(path)]
+    assert reason in collector.rejected[0][1]
+
+
+def test_negative_token_id_through_the_real_command(run, tmp_path):
+    cfg = make_run_dir(run, tmp_path)
+    path = negative_token_file(run, cfg, statistics=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "swarmrl", "validate", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 2 and out.stdout == "", out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
+    lines = [line for line in out.stderr.splitlines() if "unusable" in line]
+    assert len(lines) == 1 and "negative token id" in lines[0], out.stderr
+
+
+def test_duplicates_count_once(run, tmp_path, capsys):
+    """A byte-identical copy, and a re-ordered file answering the same assignment."""
+    cfg = make_run_dir(run, tmp_path)
+    cols = run.honest[0]
+    original = write(cfg, "a.parquet", cols, meta_for(run, cols, 0))
+    copy = original.with_name("copy.parquet")
+    shutil.copyfile(original, copy)
+    other = write(cfg, "other.parquet", run.honest[1], meta_for(run, run.honest[1], 1))
+    # Same assignment, other bytes: the same table re-encoded with another compression.
+    resent = original.with_name("resent.parquet")
+    pq.write_table(pq.read_table(original), resent, compression="zstd")
+    assert resent.read_bytes() != original.read_bytes()
+    base = original.stat().st_mtime_ns
+    for k, path in enumerate((copy, resent, other), start=1):
+        os.utime(path, ns=(base + k * 1000, base + k * 1000))
+
+    code, out, _ = run_cli(["validate", str(original)], capsys)
+    assert code == 0, out
+    code, out, _ = run_cli(["validate", str(copy)], capsys)
+    assert code == 1 and "rejected: duplicate: file: the same bytes as a.parquet" in out, out
+    code, out, _ = run_cli(["validate", str(resent)], capsys)
+    assert code == 1 and "rejected: duplicate" in out and "already answered by" in out, out
+    code, out, _ = run_cli(["validate", str(other)], capsys)
+    assert code == 0, out
+
+    collector = collect(run, cfg)
+    honest_usable = sum(
+        len(range(i, i + 8))
+        for c in (run.honest[0], run.honest[1])
+        for i in range(0, len(c["rewards"]), 8)
+        if has_signal(c["rewards"][i : i + 8])
+    )
+    assert collector.usable == honest_usable
+    assert collector.dropped_duplicate == 2 * len(cols["rewards"])
+    assert collector.rejected == []
+
+
+def test_validator_process_judges_honest_files_after_hostile_ones(run, tmp_path):
+    """The real `swarmrl validator` process: hostile files first, honest ones after; then a
+    restart remembers what it judged."""
+    cfg = make_run_dir(run, tmp_path)
+    arrivals = [
+        negative_token_file(run, cfg),
+        string_step_file(run, cfg),
+        bomb_file(cfg),
+        nan_file(run, cfg),
+        write(cfg, "honest-0.parquet", run.honest[0], meta_for(run, run.honest[0], 0)),
+    ]
+    copy = arrivals[-1].with_name("copy-0.parquet")
+    shutil.copyfile(arrivals[-1], copy)
+    arrivals += [
+        copy,
+        write(cfg, "honest-1.parquet", run.honest[1], meta_for(run, run.honest[1], 1)),
+    ]
+    base = arrivals[0].stat().st_mtime_ns
+    for k, path in enumerate(arrivals):
+        os.utime(path, ns=(base + k * 1000, base + k * 1000))
+    cfg.folder.trainer_done.write_text("{}")
+
+    def validator() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "swarmrl", "validator", "--config", str(cfg.folder.config)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+
+    done = validator()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    verdicts = {Path(v["file"]).name: v for v in read_verdicts(cfg.run_dir)}
+    assert [Path(v["file"]).name for v in read_verdicts(cfg.run_dir)] == [p.name for p in arrivals]
+    for name in ("negative-True", "string-step", "bomb", "nan"):
+        assert verdicts[f"{name}.parquet"]["status"] == "unusable", verdicts[f"{name}.parquet"]
+    assert verdicts["honest-0.parquet"]["status"] == "accepted", verdicts["honest-0.parquet"]
+    assert verdicts["honest-1.parquet"]["status"] == "accepted", verdicts["honest-1.parquet"]
+    assert verdicts["copy-0.parquet"]["status"] == "rejected"
+    assert verdicts["copy-0.parquet"]["failed_checks"] == ["duplicate"]
+
+    # Restarted, it remembers the hashes it judged (from verdicts.jsonl): a new copy of an
+    # honest file is a duplicate, though the files in between were never re-read.
+    late = arrivals[-1].with_name("late-copy.parquet")
+    shutil.copyfile(arrivals[-1], late)
+    done = validator()
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = read_verdicts(cfg.run_dir)[-1]
+    assert Path(last["file"]).name == "late-copy.parquet"
+    assert last["status"] == "rejected" and "honest-1.parquet" in last["reason"]
+
+
+def _token_stats(prob: float, low: float, eos_prob: float) -> TokenStats:
+    """One token whose recomputed CDF interval is [low, low + prob]."""
+    one = np.ones(1)
+    return TokenStats(
+        hidden=torch.zeros(1, 4, dtype=torch.bfloat16),
+        logprobs=np.log(one * prob),
+        eos_probs=one * eos_prob,
+        cdf_low=one * low,
+        cdf_high=one * (low + prob),
+        surprisal=-np.log(one * prob),
+        entropy=one,
+        surprisal_var=one,
+        rank_low=one * 0.5,
+        prob=one * prob,
+    )
+
+
+def test_no_replay_slack_for_an_improbable_token():
+    """The slack covers numerical drift of an honest token's interval, not a swapped-in token
+    of probability ~1e-9 sitting next to the seed's uniform (a digit, an early EOS)."""
+    seed = 7
+    u = float(sample_uniforms(seed, 1)[0])
+    improbable = _token_stats(prob=1e-9, low=u + 5e-4, eos_prob=1e-9)
+    assert replay(improbable, seed, tolerance=1e-3).misses == 0  # what the slack allowed
+    settings_ = ValidatorSettings()
+    assert replay(improbable, seed, settings_.replay_tolerance, settings_.replay_floor).misses == 1
+    # A likely token with its interval drifted by less than the tolerance still passes.
+    drift = settings_.replay_tolerance / 2
+    honest = _token_stats(prob=0.3, low=u + drift, eos_prob=0.01)
+    assert replay(honest, seed, settings_.replay_tolerance, settings_.replay_floor).misses == 0
+
+    # An ending EOS of probability 1e-9 that the replay "confirms" is no longer excused.
+    eos = 2
+    rows = Rollouts(
+        problem_id=["p"],
+        input_tokens=[[5]],
+        output_tokens=[[9, eos]],
+        output_logprobs=[[-1.0, -20.0]],
+        rewards=[0.0],
+        task_rewards=[0.0],
+        length_penalties=[0.0],
+        advantages=[0.0],
+        target_lengths=[-1],
+        policy_step=[0],
+        seed=[seed],
+        proofs=[b""],
+    )
+    stats = _token_stats(prob=1e-9, low=u, eos_prob=1e-9)
+    confirmed = [ReplayResult(0, None, -1.0)]
+    common = {"eos_id": eos, "max_new_tokens": 48, "min_eos_prob": 0.1, "replay_exempts_eos": True}
+    assert checks.check_termination(rows, [stats], confirmed, replay_floor=0.0, **common).passed
+    result = checks.check_termination(
+        rows, [stats], confirmed, replay_floor=settings_.replay_floor, **common
+    )
+    assert not result.passed and "probability 1e-09" in result.failures[0].detail
+
+
+# --- property test: random mutations of honest files -----------------------------------------
+
+META_FIELDS = [*RolloutMeta.model_fields, "extra"]
+ANY_VALUE = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=6),
+    st.binary(max_size=12),
+    st.lists(st.integers(-(2**31), 2**31 - 1), max_size=6),
+    st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), max_size=6),
+)
+MUTATION = st.one_of(
+    st.tuples(st.just("value"), st.sampled_from(COLUMNS), st.integers(0, 31), ANY_VALUE),
+    st.tuples(st.just("drop"), st.sampled_from(COLUMNS)),
+    st.tuples(
+        st.just("retype"),
+        st.sampled_from(COLUMNS),
+        st.sampled_from(["string", "float64", "int64", "int8", "list<int64>", "binary"]),
+    ),
+    st.tuples(
+        st.just("length"),
+        st.sampled_from(["input_tokens", "output_tokens", "output_logprobs", "proofs"]),
+        st.integers(0, 31),
+        st.integers(0, 300),
+    ),
+    st.tuples(st.just("rows"), st.integers(0, 70)),
+    st.tuples(st.just("meta"), st.sampled_from(META_FIELDS), ANY_VALUE),
+    st.tuples(st.just("byte"), st.floats(0, 1, exclude_max=True), st.integers(0, 255)),
+    st.tuples(st.just("truncate"), st.floats(0, 1)),
+)
+_RETYPE = {
+    "string": pa.string(),
+    "float64": pa.float64(),
+    "int64": pa.int64(),
+    "int8": pa.int8(),
+    "list<int64>": pa.list_(pa.int64()),
+    "binary": pa.binary(),
+}
+
+
+def _column_array(values: list, field: pa.Field) -> pa.Array:
+    """The mutated column as the schema's type if it fits, else whatever pyarrow makes of it."""
+    for attempt in (lambda: pa.array(values, type=field.type), lambda: pa.array(values)):
+        try:
+            return attempt()
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            continue
+    return pa.array([repr(v) for v in values])
+
+
+def mutated_file(run: Run, cfg: RunConfig, mutation: tuple) -> Path:
+    cols = copy_cols(run.honest[0])
+    meta = json.loads(meta_for(run, cols, 0).model_dump_json())
+    kind, *args = mutation
+    arrays: dict[str, pa.Array] = {}
+    if kind == "value":
+        name, row, value = args
+        cols[name][row % len(cols[name])] = value
+    elif kind == "length":
+        name, row, new_len = args
+        value = cols[name][row]
+        cols[name][row] = (value * (new_len // max(1, len(value)) + 1))[:new_len]
+    elif kind == "rows":
+        (n,) = args
+        cols = {k: (v * 3)[:n] for k, v in cols.items()}
+    elif kind == "meta":
+        name, value = args
+        meta[name] = value if isinstance(value, (type(None), bool, int, float, str, list)) else None
+    for field in SCHEMA:
+        if field.name in cols:
+            arrays[field.name] = _column_array(cols[field.name], field)
+    if kind == "drop":
+        arrays.pop(args[0])
+    elif kind == "retype":
+        name, type_name = args
+        try:
+            arrays[name] = arrays[name].cast(_RETYPE[type_name])
+        except (pa.ArrowException, ValueError):
+            arrays[name] = pa.array([repr(v) for v in arrays[name].to_pylist()])
+    table = pa.table(arrays).replace_schema_metadata(
+        {b"swarmrl": json.dumps(meta, default=repr).encode()}
+    )
+    path = cfg.folder.rollout_step(0) / "mutant.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+    if kind == "byte":
+        position, value = args
+        data = bytearray(path.read_bytes())
+        data[int(position * len(data))] = value
+        path.write_bytes(bytes(data))
+    elif kind == "truncate":
+        data = path.read_bytes()
+        path.write_bytes(data[: int(args[0] * len(data))])
+    return path
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(mutation=MUTATION)
+def test_mutated_honest_files_get_a_verdict_never_an_exception(run, tmp_path, mutation):
+    with tempfile.TemporaryDirectory(dir=tmp_path) as root:
+        cfg = make_run_dir(run, Path(root))
+        path = mutated_file(run, cfg, mutation)
+        claimed = cfg.folder.checkpoints / step_name(0)
+        assert validate_file(path, model_dir=claimed).status in VERDICTS
+        assert service_verdict(run, cfg, path).status in VERDICTS
+        collector = collect(run, cfg)
+        read = len(collector.rejected) + (1 if collector.all_rewards else 0)
+        assert read == 1 and len(collector.seen) == 1
+
+
+def test_an_unexpected_error_while_judging_is_an_unusable_verdict(run, tmp_path):
+    """Whatever goes wrong inside the validator, the process records a verdict and goes on."""
+    cfg = make_run_dir(run, tmp_path)
+    path = write(cfg, "a.parquet", run.honest[0], meta_for(run, run.honest[0], 0))
+
+    def broken_policy(step: int):
+        raise RuntimeError(f"cannot map checkpoint {step}\nsecond line")
+
+    verdict = judge_file(path, cfg, broken_policy, ValidatorSettings(), SeenFiles(), run.task)
+    assert verdict.status == Status.UNUSABLE
+    assert verdict.reason == (
+        "unusable: error while judging the file: RuntimeError: cannot map checkpoint 0"
+    )
