@@ -188,7 +188,7 @@ def test_eval_file_is_the_whole_eval_split_and_is_removed_from_train(tmp_path: P
     ]
     train = [task.train_problem(i).question for i in range(task.num_train())]
     assert train == [f"What is {i} + {i}?" for i in range(8)]
-    with pytest.raises(ProblemFileError, match="either eval_path .* or eval_size"):
+    with pytest.raises(ProblemFileError, match=r"either eval_path .* or eval_size"):
         MathTask(train_path, eval_path=eval_path, eval_size=2)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 
 import torch
@@ -84,7 +85,7 @@ def save_checkpoint(
     return final
 
 
-def prune_checkpoints(root: Path, keep: int, protect: set[int] = frozenset()) -> list[int]:
+def prune_checkpoints(root: Path, keep: int, protect: Collection[int] = frozenset()) -> list[int]:
     """Remove all but the newest `keep` checkpoints (never those in `protect`)."""
     steps = list_checkpoints(root)
     removed = []

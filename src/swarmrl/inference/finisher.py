@@ -16,6 +16,7 @@ core and costs the loop only pickling the columns and the hidden states (bf16, a
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
 import os
@@ -87,8 +88,10 @@ class FinishProcess:
 
     def finish(self, path: Path, batch: RolloutBatch, meta: RolloutMeta) -> Path:
         """``attach_proofs`` then ``write_rollouts``, in the child: same proof bytes, same file."""
-        states = [g.hidden for g in batch.generations]
-        job = (
+        states = [g.hidden for g in batch.generations if g.hidden is not None]
+        if len(states) != len(batch.generations):
+            raise ValueError("proofs need the hidden states: generate with capture_hidden=True")
+        job = functools.partial(
             _finish_in_child,
             path,
             {k: v for k, v in batch.columns.items() if k != "proofs"},
@@ -97,13 +100,13 @@ class FinishProcess:
             [len(s) for s in states],
         )
         try:
-            written, proofs, seconds = self._pool.submit(*job).result()
+            written, proofs, seconds = self._pool.submit(job).result()
         except BrokenProcessPool:
             log.warning("the proof process died; starting a new one and retrying %s", path.name)
             self._pool.shutdown(wait=False)
             self._pool = self._spawn()
             self.restarts += 1
-            written, proofs, seconds = self._pool.submit(*job).result()
+            written, proofs, seconds = self._pool.submit(job).result()
         batch.columns["proofs"] = proofs
         batch.proof_seconds = seconds
         return written

@@ -207,7 +207,7 @@ def run_worker(cfg: RunConfig, address: str) -> int:
                     log.info("loaded policy step %d", available)
                 except (OSError, RuntimeError, ValueError) as exc:
                     trouble(f"could not load policy {available}", exc)
-            if latest is None or model is None:
+            if latest is None or model is None or tok is None:
                 time.sleep(cfg.worker.poll_seconds)
                 continue
             pending = finisher.in_flight()

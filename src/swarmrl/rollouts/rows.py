@@ -20,7 +20,7 @@ def _column(arrow: pa.DataType, meaning: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Rollouts:
-    """A rollout file's samples, column by column (DESIGN §4.2: docs/validator.md lists them)."""
+    """A rollout file's samples, column by column (docs/architecture.md §4.2; docs/validator.md lists them)."""
 
     problem_id: list[str] = field(metadata=_column(pa.string(), "which task/prompt"))
     input_tokens: list[list[int]] = field(
