@@ -24,9 +24,11 @@ def _run(args) -> int:
 
 
 def _trainer(args) -> int:
+    from swarmrl.trainer.distributed import relaunch_under_torchrun
     from swarmrl.trainer.trainer import Trainer
 
     cfg = config_from_args(args)
+    relaunch_under_torchrun(cfg.trainer.ranks)
     trainer = Trainer(cfg, Path(args.start_model))
 
     def show(record: dict) -> None:
