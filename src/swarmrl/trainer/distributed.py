@@ -111,6 +111,9 @@ def join() -> Ranks:
 
 def leave(ranks: Ranks) -> None:
     if ranks.sharded and dist.is_initialized():
+        # Together: a rank that tears its connections down while another still finishes
+        # its last step makes that rank's transport abort.
+        dist.barrier()
         dist.destroy_process_group()
 
 
