@@ -23,13 +23,14 @@ import signal
 import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from transformers import PreTrainedModel
 
 # Ranks other than 0 wait in a broadcast while rank 0 waits for the step's rollouts, which
 # takes as long as the swarm takes: the collectives' timeout must outlast any such wait.
@@ -131,8 +132,8 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def prepare_model(
-    model: torch.nn.Module, ranks: Ranks, activation_checkpointing: bool, precision: str
-) -> torch.nn.Module:
+    model: PreTrainedModel, ranks: Ranks, activation_checkpointing: bool, precision: str
+) -> PreTrainedModel:
     """Activation checkpointing per decoder layer, then FSDP2 sharding (sharded ranks only).
 
     bf16: parameters are all-gathered and computed in bf16 while the shards the optimizer
@@ -199,7 +200,7 @@ def full_state_dict(model: torch.nn.Module, ranks: Ranks) -> dict[str, torch.Ten
     state = get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
-    return state if ranks.is_main else None
+    return cast(dict[str, torch.Tensor], state) if ranks.is_main else None
 
 
 def grad_norm_value(norm: torch.Tensor) -> float:

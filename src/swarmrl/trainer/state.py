@@ -20,6 +20,7 @@ import os
 import random
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -65,7 +66,7 @@ def load_trainer_state(
             "checkpoint folder to resume from the one before"
         )
     model_state, optim_state = get_state_dict(model, opt)
-    state = {"model": model_state, "optimizer": optim_state}
+    state: dict[str, Any] = {"model": model_state, "optimizer": optim_state}
     dcp.load(state, checkpoint_id=path)
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     progress = torch.load(path / PROGRESS, weights_only=False)
