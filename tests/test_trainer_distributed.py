@@ -60,11 +60,17 @@ def _samples(vocab: int, n: int = 14, seed: int = 0) -> list[Sample]:
     return out
 
 
-def _update(model_dir: Path, ranks: Ranks, micro: int | None, state_dir: Path | None = None):
+def _update(
+    model_dir: Path,
+    ranks: Ranks,
+    micro: int | None,
+    state_dir: Path | None = None,
+    precision: str = "fp32",
+):
     """One rollout update from the saved weights; (stats, full weights) on rank 0."""
     torch.manual_seed(0)
     model, tok = load_policy(model_dir)
-    model = distributed.prepare_model(model, ranks, False, "fp32")
+    model = distributed.prepare_model(model, ranks, False, precision)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.99), weight_decay=0.01)
     settings = UpdateSettings(**{**SETTINGS.__dict__, "micro_batch_samples": micro})
     samples = _samples(len(tok))
@@ -92,7 +98,7 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, out: str, runs:
     )
     torch.set_num_threads(1)
     ranks = distributed.join()
-    for name, micro, mutant in runs:
+    for name, micro, mutant, precision in runs:
         if mutant:
             # Per-rank normalization, ranks averaged (what plain data parallelism does):
             # each rank divides by its own share's budget, and the sum is over W ranks.
@@ -102,7 +108,7 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, out: str, runs:
 
             update.token_budget = per_rank_budget
         state_dir = Path(out) / f"{name}-state" if name == "2x1" else None
-        stats, weights, after = _update(Path(model_dir), ranks, micro, state_dir)
+        stats, weights, after = _update(Path(model_dir), ranks, micro, state_dir, precision)
         if ranks.is_main:
             torch.save({"stats": stats, "weights": weights, "after": after}, Path(out) / name)
     distributed.leave(ranks)
@@ -159,7 +165,12 @@ def reference(model_dir) -> dict:
 def two_ranks(model_dir, tmp_path_factory) -> Path:
     """All 2-rank runs in one pair of real processes (gloo over loopback)."""
     out = tmp_path_factory.mktemp("ranks")
-    runs = [("2x1", None, False), ("2x2", 2, False), ("mutant", None, True)]
+    runs = [
+        ("2x1", None, False, "fp32"),
+        ("2x2", 2, False, "fp32"),
+        ("bf16", 2, False, "bf16"),
+        ("mutant", None, True, "fp32"),
+    ]
     mp.start_processes(
         _rank_main,
         args=(2, _free_port(), str(model_dir), str(out), runs),
@@ -195,6 +206,20 @@ def test_two_ranks_match_one_process(two_ranks, reference):
         assert _agrees(run, reference), (name, run["stats"], reference["stats"])
         assert run["stats"]["trained_tokens"] == reference["stats"]["trained_tokens"]
         assert _close(run["stats"]["entropy"], reference["stats"]["entropy"])
+
+
+@pytest.mark.slow
+def test_bf16_compute_keeps_fp32_master_weights_close_to_fp32(two_ranks, reference, model_dir):
+    run = torch.load(two_ranks / "bf16", weights_only=False)
+    assert all(w.dtype == torch.float32 for w in run["weights"].values())
+    assert _close(run["stats"]["loss"], reference["stats"]["loss"], rel=0.05)
+    assert _close(run["stats"]["grad_norm"], reference["stats"]["grad_norm"], rel=0.05)
+    # The fp32 master weights took about the fp32 update (bf16 rounding flips a few
+    # small gradients' signs, which Adam turns into full steps).
+    start = load_policy(model_dir)[0].state_dict()
+    step_bf16 = {k: run["weights"][k] - start[k] for k in start}
+    step_fp32 = {k: reference["weights"][k] - start[k] for k in start}
+    assert _weights_rel_diff(step_bf16, step_fp32) < 0.25
 
 
 @pytest.mark.slow
