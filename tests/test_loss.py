@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from swarmrl.trainer.loss import GRPOLossInput, grpo_loss, token_logprobs
+from swarmrl.trainer.update import token_budget
 
 
 def _loss(ratios, advantage, mask=None, budget=1.0, eps=0.2, delta=4.0):
@@ -97,3 +98,27 @@ def test_token_logprobs_divides_by_temperature():
     assert lp.item() == pytest.approx(expected, rel=1e-5)
     p = math.exp(expected)
     assert ent.item() == pytest.approx(-(p * math.log(p) + (1 - p) * math.log(1 - p)), rel=1e-5)
+
+
+def test_parts_over_the_whole_budget_sum_to_the_whole_loss_and_gradient():
+    # What lets ranks and micro-batches share a minibatch (trainer/update.py): each part
+    # divided by the whole minibatch's budget; a part's own budget would not add up.
+    gen = torch.Generator().manual_seed(0)
+    logp = (-torch.rand(5, 4, generator=gen, dtype=torch.float64)).requires_grad_(True)
+    old = -torch.rand(5, 4, generator=gen, dtype=torch.float64)
+    adv = torch.tensor([1.0, -0.5, 2.0, -1.5, 0.7], dtype=torch.float64)
+    mask = (torch.rand(5, 4, generator=gen) > 0.3).double()
+    budget = token_budget(5, 4)
+
+    def loss(rows: slice, budget: float) -> torch.Tensor:
+        inp = GRPOLossInput(logp[rows], old[rows], adv[rows], mask[rows], budget)
+        return grpo_loss(inp, epsilon=0.1, delta=1.2).loss
+
+    whole = loss(slice(0, 5), budget)
+    (whole_grad,) = torch.autograd.grad(whole, logp)
+    parts = [loss(slice(0, 3), budget), loss(slice(3, 5), budget)]
+    (parts_grad,) = torch.autograd.grad(sum(parts), logp)
+    assert float(sum(parts)) == pytest.approx(float(whole), rel=1e-12)
+    assert torch.allclose(parts_grad, whole_grad, rtol=1e-12, atol=0)
+    per_part = [loss(slice(0, 3), token_budget(3, 4)), loss(slice(3, 5), token_budget(2, 4))]
+    assert float(sum(per_part)) / 2 != pytest.approx(float(whole), rel=1e-3)

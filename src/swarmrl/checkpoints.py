@@ -2,9 +2,10 @@
 
 Layout: `<run>/checkpoints/step_<n:06d>/` holds `config.json`, `model.safetensors` and
 tokenizer files: exactly what is broadcast to workers. The trainer's own resume state
-(optimizer, RNG, the step's metrics) is `<run>/checkpoints/trainer_state/step_<n:06d>.pt`,
-written before the model folder appears. A checkpoint is written under a hidden
-temporary name and renamed when complete, so a reader never sees half of one.
+(model and optimizer shards, RNG, the step's metrics) is the folder
+`<run>/checkpoints/trainer_state/step_<n:06d>/` (trainer/state.py), written before the
+model folder appears. A checkpoint is written under a hidden temporary name and renamed
+when complete, so a reader never sees half of one.
 """
 
 from __future__ import annotations
@@ -60,24 +61,22 @@ def load_policy(path: Path):
 
 
 def trainer_state_path(root: Path, step: int) -> Path:
-    return Path(root) / "trainer_state" / f"{step_name(step)}.pt"
+    """The folder of the trainer's resume state for checkpoint `step`."""
+    return Path(root) / "trainer_state" / step_name(step)
 
 
 def save_checkpoint(
-    root: Path, step: int, model, tokenizer, trainer_state: dict | None = None
+    root: Path, step: int, model, tokenizer, state_dict: dict[str, torch.Tensor] | None = None
 ) -> Path:
-    """Write checkpoint `step` atomically and return its directory."""
+    """Write checkpoint `step` atomically and return its directory.
+
+    `state_dict`: the full weights to write when `model` itself holds only a shard of them
+    (the sharded trainer gathers them on rank 0); by default the model's own.
+    """
     final = checkpoint_dir(root, step)
-    if trainer_state is not None:
-        # The state lands first: a model folder that exists always has its state.
-        state_path = trainer_state_path(root, step)
-        state_path.parent.mkdir(parents=True, exist_ok=True)
-        state_tmp = state_path.with_name(f".{state_path.name}.tmp")
-        torch.save(trainer_state, state_tmp)
-        os.replace(state_tmp, state_path)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp, state_dict=state_dict)
     tokenizer.save_pretrained(tmp)
     if final.exists():
         shutil.rmtree(final)
@@ -97,6 +96,6 @@ def prune_checkpoints(root: Path, keep: int, protect: Collection[int] = frozense
         trash = doomed.with_name(f".{doomed.name}.deleting")
         os.replace(doomed, trash)
         shutil.rmtree(trash, ignore_errors=True)
-        trainer_state_path(root, step).unlink(missing_ok=True)
+        shutil.rmtree(trainer_state_path(root, step), ignore_errors=True)
         removed.append(step)
     return removed

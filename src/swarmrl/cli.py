@@ -27,10 +27,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _trainer(args: argparse.Namespace) -> int:
+    from swarmrl.trainer.distributed import relaunch_under_torchrun
     from swarmrl.trainer.metrics import StepMetrics
     from swarmrl.trainer.trainer import Trainer
 
     cfg = config_from_args(args)
+    relaunch_under_torchrun(cfg.trainer.ranks)
     trainer = Trainer(cfg, Path(args.start_model))
     shown = {
         "step",

@@ -173,8 +173,26 @@ class TrainerConfig(_Section):
     keep_checkpoints: int = Field(
         4, ge=1, description="checkpoints kept on disk (at least async_level + 1 are always kept)"
     )
-    threads: int = Field(1, ge=1, description="torch threads for the trainer process")
+    threads: int = Field(1, ge=1, description="torch threads for the trainer process (per rank)")
     seed: int = Field(0, description="trainer seed")
+    ranks: int = Field(
+        1,
+        ge=1,
+        description="trainer processes on this machine: above 1, `swarmrl trainer` starts itself under `torchrun --standalone --nproc-per-node ranks` and shards the model with FSDP2 (ignored when already started by torchrun, which sets the world size)",
+    )
+    micro_batch_samples: int | None = Field(
+        None,
+        ge=1,
+        description="samples per forward/backward pass on a rank, gradients accumulated across them (bounds activation memory; the update does not change); empty = the rank's whole share of a minibatch",
+    )
+    activation_checkpointing: bool = Field(
+        False,
+        description="recompute each decoder layer's activations in the backward pass instead of keeping them (less memory, about one more forward of time)",
+    )
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="fp32, or bf16 compute with fp32 master weights, gradient reductions and optimizer state (for GPUs; needs the sharded trainer, i.e. torchrun)",
+    )
 
 
 class ValidatorConfig(_Section):

@@ -11,6 +11,11 @@ Per rollout step n (checkpoint n is the newest on disk):
 4. write checkpoint n+1 atomically, with the optimizer state and this step's metrics,
    then append the metrics line and prune old checkpoints.
 
+One process, or N ranks under torchrun (distributed.py): rank 0 collects the batch and
+hands it to every rank, each rank trains on its share with FSDP2 shards (update.py),
+the resume state is written sharded (state.py) and the published checkpoint is gathered
+once on rank 0 and written as a plain Hugging Face folder.
+
 Resume: a restarted trainer loads the newest checkpoint's weights and optimizer state
 and continues at that step; metrics lines of steps that did not finish are dropped and
 a finished step's missing line is restored from its checkpoint, so no step is lost or
@@ -40,53 +45,48 @@ from swarmrl.checkpoints import (
 )
 from swarmrl.config import RunConfig
 from swarmrl.rollouts import RolloutBounds
-from swarmrl.trainer.batches import BatchCollector, Sample
-from swarmrl.trainer.loss import GRPOLossInput, grpo_loss, token_logprobs
+from swarmrl.trainer import distributed
+from swarmrl.trainer.batches import Sample
+from swarmrl.trainer.inputs import RolloutFolderSource, RolloutSource, StepCollector
 from swarmrl.trainer.metrics import StepMetrics, read_metrics
+from swarmrl.trainer.state import load_trainer_state, save_trainer_state
+from swarmrl.trainer.update import UpdateSettings, deal_minibatches, rollout_update
 
 log = logging.getLogger("swarmrl.trainer")
 
 
-def _pad_batch(
-    samples: list[Sample], pad_id: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ids [B, L], the completion tokens' targets [B, L-1] and mask [B, L-1]."""
-    seqs = [s.input_tokens + s.output_tokens for s in samples]
-    width = max(map(len, seqs))
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width - 1))
-    for i, (s, seq) in enumerate(zip(samples, seqs, strict=True)):
-        ids[i, : len(seq)] = torch.tensor(seq)
-        # Logits at position j predict token j+1: completion tokens are predicted from
-        # positions len(prompt)-1 .. len(seq)-2.
-        mask[i, len(s.input_tokens) - 1 : len(seq) - 1] = 1.0
-    return ids, ids[:, 1:], mask
-
-
-def _forward_logprobs(model, ids, targets, temperature):
-    # Right padding keeps every real token's causal context free of pads: no mask needed.
-    logits = model(input_ids=ids).logits[:, :-1]
-    return token_logprobs(logits, targets, temperature)
-
-
 class Trainer:
-    def __init__(self, cfg: RunConfig, start_model: Path) -> None:
+    def __init__(
+        self, cfg: RunConfig, start_model: Path, source: RolloutSource | None = None
+    ) -> None:
         self.cfg = cfg
         self.run_dir = cfg.run_dir
         self.folder = cfg.folder
         self.ckpt_root = self.folder.checkpoints
         self.metrics_path = self.folder.metrics
         torch.set_num_threads(cfg.trainer.threads)
-        latest = latest_checkpoint(self.ckpt_root)
-        if latest is None:
+        self.ranks = distributed.join()
+        latest = latest_checkpoint(self.ckpt_root) if self.ranks.is_main else None
+        if latest is None and self.ranks.is_main:
             model, tok = load_policy(start_model)
             save_checkpoint(self.ckpt_root, 0, model, tok)
             latest = 0
-        else:
+        elif self.ranks.is_main:
             log.info("resuming run %s at step %d/%d", cfg.run_name, latest, cfg.trainer.steps)
+        latest = distributed.broadcast(self.ranks, latest)
         self.step = latest
-        self.model, self.tok = load_policy(checkpoint_dir(self.ckpt_root, latest))
+        model, self.tok = load_policy(checkpoint_dir(self.ckpt_root, latest))
         tc = cfg.trainer
+        # The strict reader's bounds come from the model as loaded (vocabulary, context).
+        bounds = RolloutBounds.for_run(
+            cfg,
+            vocab_size=model.config.vocab_size,
+            context_tokens=getattr(model.config, "max_position_embeddings", None),
+        )
+        self.source = source or RolloutFolderSource(self.folder, cfg.async_level, bounds)
+        self.model = distributed.prepare_model(
+            model, self.ranks, tc.activation_checkpointing, tc.precision
+        )
         self.opt = torch.optim.AdamW(
             self.model.parameters(), lr=tc.lr, betas=tc.betas, weight_decay=tc.weight_decay
         )
@@ -94,20 +94,19 @@ class Trainer:
         state_path = trainer_state_path(self.ckpt_root, latest)
         last_record = None
         if state_path.exists():
-            state = torch.load(state_path, weights_only=False)
-            self.opt.load_state_dict(state["optimizer"])
-            self.opt_steps = state["optimizer_steps"]
-            random.setstate(state["python_rng"])
-            torch.set_rng_state(state["torch_rng"])
-            if state.get("metrics") is not None:
-                last_record = StepMetrics.model_validate(state["metrics"])
+            progress = load_trainer_state(state_path, self.model, self.opt, self.ranks)
+            self.opt_steps = progress["optimizer_steps"]
+            if progress.get("metrics") is not None:
+                last_record = StepMetrics.model_validate(progress["metrics"])
         else:
             random.seed(tc.seed)
             torch.manual_seed(tc.seed)
+        self.origin = None
+        if not self.ranks.is_main:
+            return  # rank 0 alone keeps the run folder's files and publishes
         self._repair_metrics(last_record)
         if self.step < tc.steps:  # a finished run given more steps is not finished any more
             self.folder.trainer_done.unlink(missing_ok=True)
-        self.origin = None
         if cfg.shardcast.enabled:
             from swarmrl.shardcast.origin import Origin
 
@@ -135,9 +134,11 @@ class Trainer:
         tmp.write_text("".join(m.line() for m in kept))
         tmp.replace(self.metrics_path)
 
-    def _lr(self) -> float:
+    def _lr(self, opt_steps: int | None = None) -> float:
+        """The learning rate of optimizer step `opt_steps` (default: the next one)."""
+        done = self.opt_steps if opt_steps is None else opt_steps
         warm = self.cfg.trainer.warmup_steps
-        return self.cfg.trainer.lr * (min(1.0, (self.opt_steps + 1) / warm) if warm else 1.0)
+        return self.cfg.trainer.lr * (min(1.0, (done + 1) / warm) if warm else 1.0)
 
     def _write_status(self, step: int, usable: int, since: float) -> None:
         """Tell workers how many usable samples the step really has (after the checks
@@ -157,15 +158,8 @@ class Trainer:
         )
         tmp.replace(status)
 
-    def collect(self, step: int) -> tuple[list[Sample], BatchCollector, float]:
-        bounds = RolloutBounds.for_run(
-            self.cfg,
-            vocab_size=self.model.config.vocab_size,
-            context_tokens=getattr(self.model.config, "max_position_embeddings", None),
-        )
-        collector = BatchCollector(
-            self.folder.rollout_step(step), step, self.cfg.async_level, bounds=bounds
-        )
+    def collect(self, step: int) -> tuple[list[Sample], StepCollector, float]:
+        collector = self.source.open_step(step)
         start = last_report = time.perf_counter()
         since = time.time()
         reported = -1
@@ -197,68 +191,61 @@ class Trainer:
             time.sleep(0.05)
 
     def train_step(self, samples: list[Sample]) -> dict:
+        """One rollout step's optimizer steps; every rank calls it with the same samples."""
         cfg, tc = self.cfg, self.cfg.trainer
-        temperature = cfg.sampling.temperature
-        order = list(range(len(samples)))
-        random.shuffle(order)
-        minibatches = [order[i :: tc.optimizer_steps] for i in range(tc.optimizer_steps)]
-        minibatches = [mb for mb in minibatches if mb]
-        pad = self.tok.pad_token_id
-        with torch.no_grad():
-            old = {}
-            for mb in minibatches:
-                ids, targets, mask = _pad_batch([samples[i] for i in mb], pad)
-                old[tuple(mb)] = _forward_logprobs(self.model, ids, targets, temperature)[0]
-        self.model.train()
-        grad_norms, clip_ratios, entropies, losses, tokens = [], [], [], [], 0
-        for mb in minibatches:
-            batch = [samples[i] for i in mb]
-            ids, targets, mask = _pad_batch(batch, pad)
-            logprobs, entropy = _forward_logprobs(self.model, ids, targets, temperature)
-            out = grpo_loss(
-                GRPOLossInput(
-                    logprobs=logprobs,
-                    old_logprobs=old[tuple(mb)],
-                    advantages=torch.tensor([s.advantage for s in batch]),
-                    mask=mask,
-                    token_budget=float(len(batch) * cfg.sampling.max_new_tokens),
-                    entropy=entropy,
-                ),
-                epsilon=tc.epsilon,
-                delta=tc.delta,
-                entropy_coef=tc.entropy_coef,
-            )
-            for group in self.opt.param_groups:
-                group["lr"] = self._lr()
-            self.opt.zero_grad(set_to_none=True)
-            out.loss.backward()
-            grad_norms.append(
-                float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip))
-            )
-            self.opt.step()
-            self.opt_steps += 1
-            clip_ratios.append(float(out.clip_ratio))
-            entropies.append(float(out.mean_entropy))
-            losses.append(float(out.loss.detach()))
-            tokens += int(mask.sum())
-        self.model.eval()
-        return {
-            "loss": float(np.mean(losses)),
-            "grad_norm": float(np.mean(grad_norms)),
-            "grad_norm_max": float(np.max(grad_norms)),
-            "clip_ratio": float(np.mean(clip_ratios)),
-            "entropy": float(np.mean(entropies)),
-            "trained_tokens": tokens,
-            "lr": self._lr(),
-        }
+        minibatches = deal_minibatches(len(samples), tc.optimizer_steps)
+        lrs = [self._lr(self.opt_steps + i) for i in range(len(minibatches))]
+        settings = UpdateSettings(
+            temperature=cfg.sampling.temperature,
+            max_new_tokens=cfg.sampling.max_new_tokens,
+            epsilon=tc.epsilon,
+            delta=tc.delta,
+            entropy_coef=tc.entropy_coef,
+            grad_clip=tc.grad_clip,
+            micro_batch_samples=tc.micro_batch_samples,
+        )
+        stats = rollout_update(
+            self.model,
+            self.opt,
+            samples,
+            minibatches,
+            lrs,
+            settings,
+            self.ranks,
+            self.tok.pad_token_id,
+        )
+        self.opt_steps += len(minibatches)
+        return {**stats, "lr": self._lr()}
+
+    def _save(self, step: int, record: dict | None) -> None:
+        """Checkpoint `step` (collective): the sharded resume state first, then the weights
+        gathered on rank 0 and written as the published model folder."""
+        progress = {"optimizer_steps": self.opt_steps, "step": step, "metrics": record}
+        state_path = trainer_state_path(self.ckpt_root, step)
+        save_trainer_state(state_path, self.model, self.opt, progress, self.ranks)
+        weights = distributed.full_state_dict(self.model, self.ranks)
+        if self.ranks.is_main:
+            save_checkpoint(self.ckpt_root, step, self.model, self.tok, weights)
+
+    def _follow(self) -> None:
+        """A rank other than 0: train on rank 0's batches, step for step."""
+        while self.step < self.cfg.trainer.steps:
+            self.train_step(distributed.broadcast(self.ranks, None))
+            self._save(self.step + 1, None)
+            self.step += 1
 
     def run(self, on_step: Callable[[StepMetrics], None] | None = None) -> None:
+        if not self.ranks.is_main:
+            self._follow()
+            distributed.leave(self.ranks)
+            return
         tc = self.cfg.trainer
         keep = max(tc.keep_checkpoints, self.cfg.async_level + 1)
         while self.step < tc.steps:
             n = self.step
             t0 = time.perf_counter()
             samples, collector, waited = self.collect(n)
+            distributed.broadcast(self.ranks, samples)
             t1 = time.perf_counter()
             stats = self.train_step(samples)
             train_seconds = time.perf_counter() - t1
@@ -286,15 +273,7 @@ class Trainer:
                 step_seconds=round(time.perf_counter() - t0, 4),
                 tokens_per_second=stats["trained_tokens"] / max(train_seconds, 1e-9),
             )
-            state = {
-                "optimizer": self.opt.state_dict(),
-                "optimizer_steps": self.opt_steps,
-                "step": n + 1,
-                "python_rng": random.getstate(),
-                "torch_rng": torch.get_rng_state(),
-                "metrics": record.model_dump(),
-            }
-            save_checkpoint(self.ckpt_root, n + 1, self.model, self.tok, state)
+            self._save(n + 1, record.model_dump())
             self._publish(n + 1)
             with open(self.metrics_path, "a") as fh:
                 fh.write(record.line())
@@ -305,3 +284,4 @@ class Trainer:
         self.folder.trainer_done.write_text(
             json.dumps({"final_step": self.step, "time": time.time()})
         )
+        distributed.leave(self.ranks)
