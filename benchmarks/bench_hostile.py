@@ -160,9 +160,7 @@ def prepare(root: Path, model: Path | None, tokens: int) -> tuple[Path, Path, Pa
             group_size=cfg.sampling.group_size,
             target_lengths=cfg.task.target_lengths,
         )
-        cols = generate_rollouts(
-            policy, tok, task, plan, params, 0, cfg.task.length_penalty
-        ).columns
+        cols = generate_rollouts(policy, tok, task, plan, params, 0, cfg.task.length_alpha).columns
         g = cfg.sampling.group_size
         meta = RolloutMeta(
             run_id=cfg.run_name,

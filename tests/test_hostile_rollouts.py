@@ -143,7 +143,7 @@ def plan(run: Run, counter: int):
 
 def honest_columns(run: Run, counter: int) -> dict:
     return generate_rollouts(
-        run.model, run.tok, run.task, plan(run, counter), run.params, 0, run.cfg.task.length_penalty
+        run.model, run.tok, run.task, plan(run, counter), run.params, 0, run.cfg.task.length_alpha
     ).columns
 
 
