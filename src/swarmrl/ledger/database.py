@@ -7,16 +7,18 @@ ledger is upgraded in place and a new one is created from nothing.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+
+# Alembic announces each plugin and migration at INFO: noise in every role's log.
+logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
 class LedgerError(RuntimeError):
@@ -48,6 +50,9 @@ def _engine(url: str) -> Engine:
 
 def migrate(engine: Engine) -> None:
     """Upgrade the ledger's schema to the newest migration shipped with this package."""
+    from alembic import command
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(resources.files("swarmrl.ledger") / "migrations"))
     with engine.begin() as connection:
