@@ -8,9 +8,9 @@ import time
 
 import httpx
 import pytest
-from pool_fixtures import BACKENDS, make_pool, rollout_file, signed_raw
 from rich.console import Console
 
+from pool_fixtures import BACKENDS, make_pool, rollout_file, signed_raw
 from swarmrl.identity import Identity, body_digest, sign_request
 from swarmrl.orchestrator.issuance import assignment_seed
 from swarmrl.protocol import PoolClient, PoolRefused
@@ -197,7 +197,7 @@ def test_unregistered_sender_is_refused(pool):
         lambda: stranger.heartbeat(0),
         lambda: stranger.assignment(0),
         lambda: stranger.submissions_for_step(0),
-        lambda: stranger.next_for_validation(),
+        stranger.next_for_validation,
     ):
         before = pool.ledger_state()
         assert "not registered" in refused(call, 403)
@@ -416,7 +416,7 @@ def test_workers_cannot_use_trainer_endpoints(pool):
         lambda: worker.download(info.file_hash, pool.tmp / "x"),
         lambda: worker.mark_trained(0, [info.file_hash]),
         lambda: worker.announce_checkpoint(1, BLAKE),
-        lambda: worker.next_for_validation(),
+        worker.next_for_validation,
     ):
         before = pool.ledger_state()
         refused(call, 403)
