@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from pool_fixtures import BACKENDS, ledger_url_for
 from sqlalchemy import inspect, select
 
+from pool_fixtures import BACKENDS, ledger_url_for
 from swarmrl.ledger import (
     Assignment,
     Base,
