@@ -21,6 +21,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from swarmrl.identity import body_digest
@@ -153,6 +154,15 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
     @app.exception_handler(Refusal)
     async def refused(_request: Request, exc: Refusal) -> JSONResponse:
         return JSONResponse({"detail": exc.detail}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # One line naming each bad field; the sender's values are not echoed back (they
+        # may not even be JSON-encodable, e.g. NaN).
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        return JSONResponse({"detail": problems}, status_code=422)
 
     async def signed(request: Request) -> Caller:
         body = await request.body()
