@@ -23,6 +23,7 @@ from swarmrl.protocol import PoolClient
 from swarmrl.protocol import models as api
 from swarmrl.rollouts import RolloutMeta, write_rollouts
 
+JSON = {"Content-Type": "application/json"}
 POSTGRES_ENV = "SWARMRL_TEST_POSTGRES_URL"
 NO_POSTGRES = f"no PostgreSQL server: set {POSTGRES_ENV} (bash .ci/postgres.sh starts one)"
 BACKENDS = [
