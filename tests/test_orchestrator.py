@@ -509,12 +509,14 @@ def test_lapsed_assignment_is_reissued_and_counted(tmp_path):
 
 
 def test_dead_worker_assignments_are_reissued(tmp_path):
-    p = make_pool(tmp_path, async_level=0, heartbeat_seconds=0.2, unhealthy_after=2, dead_after=4)
+    # Dead after 6 missed half-second beats: the survivor, beating every ~0.1 s, has
+    # seconds of slack even on a loaded machine.
+    p = make_pool(tmp_path, async_level=0, heartbeat_seconds=0.5, unhealthy_after=2, dead_after=6)
     p.trainer.announce_checkpoint(0, BLAKE)
     try:
         gone, alive = p.workers
         a = gone.assignment(0).assignment
-        deadline = time.time() + 3
+        deadline = time.time() + 4.5
         while time.time() < deadline:  # the survivor keeps heartbeating
             alive.heartbeat(0)
             p.trainer.heartbeat(0)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast, get_args
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -129,6 +129,7 @@ class Pool:
         self.allowlist = allowlist
         self.clock = clock
         self._lock = threading.Lock()
+        self._view: api.HeartbeatResponse | None = None  # what heartbeats answer; None = rebuild
 
     # -- identities ---------------------------------------------------------------------
 
@@ -137,7 +138,9 @@ class Pool:
         with self._lock:
             try:
                 with self.ledger.session() as s:
-                    s.add(Nonce(address=address, nonce=nonce, timestamp=timestamp))
+                    s.execute(
+                        insert(Nonce).values(address=address, nonce=nonce, timestamp=timestamp)
+                    )
             except IntegrityError:
                 raise Refusal(
                     401, "nonce already used by this address (replayed request)"
@@ -191,6 +194,7 @@ class Pool:
                 m.url = req.url
                 s.get_one(Heartbeat, address).last_at = now
             s.flush()
+            self._view = None
             return api.Member(
                 address=m.address,
                 role=cast(api.Role, m.role),
@@ -202,15 +206,24 @@ class Pool:
     # -- heartbeats and health ----------------------------------------------------------
 
     def heartbeat(self, address: str, req: api.HeartbeatRequest) -> api.HeartbeatResponse:
+        """The hottest path (every member, every few seconds): two single-row statements,
+        and the pool view from memory (rebuilt whenever what it shows may have changed)."""
         now = self.clock()
         with self._lock, self.ledger.session() as s:
-            m = self.member(s, address, ROLES)
-            beat = s.get_one(Heartbeat, address)
-            beat.last_at = now
-            beat.beats += 1
-            beat.policy_step = req.policy_step
-            m.status = "healthy"
-            return self._pool_view(s)
+            status = s.scalar(select(Member.status).where(Member.address == address))
+            if status is None or status == "dead":
+                self.member(s, address, ROLES)  # raises the precise refusal
+            s.execute(
+                update(Heartbeat)
+                .where(Heartbeat.address == address)
+                .values(last_at=now, beats=Heartbeat.beats + 1, policy_step=req.policy_step)
+            )
+            if status != "healthy":
+                s.execute(update(Member).where(Member.address == address).values(status="healthy"))
+                self._view = None  # a relay back to health changes the relay list
+            if self._view is None:
+                self._view = self._pool_view(s)
+            return self._view
 
     def _pool_view(self, s: Session) -> api.HeartbeatResponse:
         newest = s.scalars(select(Checkpoint).order_by(Checkpoint.step.desc()).limit(1)).first()
@@ -252,6 +265,7 @@ class Pool:
                 )
                 if status != m.status and m.status != "dead":
                     m.status = status
+                    self._view = None
             dead = {m.address for m, _ in rows if m.status == "dead"}
             for a in s.scalars(select(Assignment).where(Assignment.state == "issued")):
                 if a.deadline < now or a.worker in dead:
@@ -511,6 +525,7 @@ class Pool:
                     Checkpoint(step=req.step, blake3=req.blake3, announced_at=now, final=req.final)
                 )
             s.flush()
+            self._view = None
             return self._pool_view(s)
 
     # -- the validator ------------------------------------------------------------------
