@@ -75,24 +75,32 @@ def rollout_bytes(folder: Path, worker: str, assignment: dict) -> bytes:
 class Recorder:
     def __init__(self) -> None:
         self.latency: dict[str, list[float]] = defaultdict(list)
-        self.status: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+        self.status: dict[str, dict[int | str, int]] = defaultdict(lambda: defaultdict(int))
 
     async def send(self, http, identity, name, method, path, body=b"", digest=None, headers=None):
         signed = sign_request(identity, method, path, digest or body_digest(body)) | (headers or {})
         start = time.perf_counter()
-        r = await http.request(method, path, content=body, headers=signed)
+        try:
+            r = await http.request(method, path, content=body, headers=signed)
+        except httpx.TransportError as exc:  # counted, not fatal: a pool sees these too
+            self.status[name][type(exc).__name__] += 1
+            return None
         self.latency[name].append(time.perf_counter() - start)
         self.status[name][r.status_code] += 1
         return r
 
 
 async def worker_loop(http, rec: Recorder, identity, args, stop_at, scratch, uploads):
-    r = await rec.send(
-        http, identity, "register", "POST", "/v1/register", b'{"role": "worker"}', headers=JSON
-    )
-    r.raise_for_status()
+    r = None
+    while r is None or r.status_code != 200:
+        r = await rec.send(
+            http, identity, "register", "POST", "/v1/register", b'{"role": "worker"}', headers=JSON
+        )
     next_beat = time.monotonic() + random.uniform(0, args.heartbeat)
-    next_work = time.monotonic() + random.uniform(0, args.work_every)
+    # --work-every 0: heartbeats only (the latency target is about heartbeats).
+    next_work = (
+        time.monotonic() + random.uniform(0, args.work_every) if args.work_every else float("inf")
+    )
     while True:
         now = time.monotonic()
         if now >= stop_at:
@@ -118,7 +126,7 @@ async def worker_loop(http, rec: Recorder, identity, args, stop_at, scratch, upl
                 b'{"policy_step": 0}',
                 headers=JSON,
             )
-            a = r.json().get("assignment") if r.status_code == 200 else None
+            a = r.json().get("assignment") if r is not None and r.status_code == 200 else None
             if a is not None:
                 data = rollout_bytes(scratch, identity.address, a)
                 sha = body_digest(data)
@@ -131,7 +139,7 @@ async def worker_loop(http, rec: Recorder, identity, args, stop_at, scratch, upl
                     data,
                     digest=sha,
                 )
-                if r.status_code == 201:
+                if r is not None and r.status_code == 201:
                     uploads.add(sha)
             next_work += args.work_every
         await asyncio.sleep(max(0.0, min(next_beat, next_work, stop_at) - time.monotonic()))

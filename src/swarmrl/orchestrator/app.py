@@ -23,6 +23,7 @@ from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from swarmrl.identity import body_digest
 from swarmrl.ledger import Ledger
@@ -240,12 +241,15 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
         try:
             digest, size = hashlib.sha256(), 0
             with os.fdopen(fd, "wb") as fh:
-                async for chunk in request.stream():
-                    size += len(chunk)
-                    if size > limit:
-                        raise Refusal(413, f"file is over the {limit}-byte limit")
-                    digest.update(chunk)
-                    fh.write(chunk)
+                try:
+                    async for chunk in request.stream():
+                        size += len(chunk)
+                        if size > limit:
+                            raise Refusal(413, f"file is over the {limit}-byte limit")
+                        digest.update(chunk)
+                        fh.write(chunk)
+                except ClientDisconnect:
+                    raise Refusal(400, "the sender disconnected mid-upload") from None
             if digest.hexdigest() != sha256:
                 raise Refusal(400, f"the uploaded bytes hash to {digest.hexdigest()}, not {sha256}")
             return await run_in_threadpool(

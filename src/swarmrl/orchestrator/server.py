@@ -11,11 +11,22 @@ import uvicorn
 from swarmrl.orchestrator.app import create_app
 from swarmrl.orchestrator.config import OrchestratorConfig
 
+KEEP_ALIVE_SECONDS = 30
+
 
 def _server(config: OrchestratorConfig, host: str, port: int) -> uvicorn.Server:
     app = create_app(config)
     return uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            # Members call every few seconds (heartbeats every 10 s by default): keep their
+            # connections open across calls instead of a new TCP handshake each time.
+            timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        )
     )
 
 
