@@ -171,6 +171,9 @@ def make_pool(tmp_path: Path, backend: str = "sqlite", **overrides) -> PoolUnder
         "validation_fraction": 1.0,
         "max_open_per_worker": 8,
         "sweep_seconds": 0.1,
+        # Members here call only when a test says so: nobody is declared dead for
+        # silence within a test (the health tests set their own interval).
+        "heartbeat_seconds": 120.0,
     } | overrides
     pool = PoolUnderTest(config=OrchestratorConfig(**settings), tmp=tmp_path)
     pool.start()
