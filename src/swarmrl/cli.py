@@ -160,11 +160,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_init_model)
 
+    from swarmrl.identity.cli import register as register_keygen
+    from swarmrl.orchestrator.cli import register as register_orchestrator
+    from swarmrl.protocol.status import register as register_status
     from swarmrl.shardcast.cli import register as register_shardcast
     from swarmrl.validator.cli import register as register_validate
 
     register_validate(sub)
     register_shardcast(sub)
+    register_keygen(sub)
+    register_orchestrator(sub)
+    register_status(sub)
     return parser
 
 

@@ -1,0 +1,78 @@
+"""Key files: one secp256k1 private key per member, kept readable by its owner only.
+
+A key file holds the private key as one line of hex (`0x` + 64 digits). The member's
+address is the key's Ethereum-style address (the last 20 bytes of the Keccak-256 hash
+of the public key, EIP-55 checksummed), the same as the reference protocol's.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from eth_account import Account
+from eth_account.signers.local import LocalAccount
+
+
+class KeyFileError(ValueError):
+    """A key file is missing, unreadable, malformed or readable by others."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A member's signing key and the address it proves."""
+
+    account: LocalAccount
+
+    @property
+    def address(self) -> str:
+        return self.account.address
+
+    @classmethod
+    def generate(cls) -> Identity:
+        return cls(Account.create())
+
+    @classmethod
+    def from_hex(cls, key_hex: str) -> Identity:
+        return cls(Account.from_key(key_hex))
+
+    def key_hex(self) -> str:
+        return "0x" + bytes(self.account.key).hex()
+
+
+def generate_key_file(path: Path) -> Identity:
+    """Write a new key to `path` with mode 0600; refuses to overwrite an existing file."""
+    path = Path(path)
+    identity = Identity.generate()
+    try:
+        # O_EXCL: an existing key (someone's funded identity) is never replaced silently.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise KeyFileError(f"{path} already exists; refusing to overwrite a key") from None
+    except OSError as exc:
+        raise KeyFileError(f"cannot create key file {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "w") as fh:
+        fh.write(identity.key_hex() + "\n")
+    os.chmod(path, 0o600)  # the umask may have narrowed it further; never wider
+    return identity
+
+
+def load_identity(path: Path) -> Identity:
+    """Read a key file written by `swarmrl keygen`; refuses one that others can read."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text().strip()
+    except OSError as exc:
+        raise KeyFileError(f"cannot read key file {path}: {exc.strerror}") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise KeyFileError(
+            f"key file {path} is accessible by group or others (mode {stat.filemode(mode)}); "
+            f"run: chmod 600 {path}"
+        )
+    try:
+        return Identity.from_hex(text)
+    except (ValueError, TypeError) as exc:
+        raise KeyFileError(f"{path} does not hold a secp256k1 private key in hex ({exc})") from None

@@ -1,0 +1,85 @@
+"""Open a ledger by URL and bring its schema to the newest migration.
+
+`sqlite:///path/ledger.db` (the default) or `postgresql+psycopg://user@host/db`. The
+Alembic migrations ship inside the package and run on every start, so an older
+ledger is upgraded in place and a new one is created from nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import resources
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+# Alembic announces each plugin and migration at INFO: noise in every role's log.
+logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+class LedgerError(RuntimeError):
+    """The ledger URL is unusable or its database cannot be reached."""
+
+
+def _engine(url: str) -> Engine:
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise LedgerError(f"ledger URL {url!r} is not a database URL ({exc})") from None
+    if parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")  # psycopg 3, not psycopg2
+    if parsed.get_backend_name() == "sqlite":
+        engine = create_engine(parsed, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_connection, _record) -> None:
+            cursor = dbapi_connection.cursor()
+            # WAL: readers never block the writer; foreign keys are off by default in SQLite.
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+
+        return engine
+    return create_engine(parsed, pool_pre_ping=True)
+
+
+def migrate(engine: Engine) -> None:
+    """Upgrade the ledger's schema to the newest migration shipped with this package."""
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(resources.files("swarmrl.ledger") / "migrations"))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "head")
+
+
+class Ledger:
+    """A migrated ledger database and a session factory for it."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = _engine(url)
+        try:
+            migrate(self.engine)
+        except OperationalError as exc:
+            raise LedgerError(
+                f"cannot open the ledger at {make_url(url).render_as_string(hide_password=True)}: "
+                f"{exc.orig}"
+            ) from None
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """One transaction: committed when the block ends, rolled back if it raises."""
+        with self._sessions.begin() as session:
+            yield session
+
+    def close(self) -> None:
+        self.engine.dispose()

@@ -1,0 +1,170 @@
+"""The ledger's tables: everything the pool must not forget when the orchestrator restarts.
+
+Times are unix seconds (float). Addresses are EIP-55 checksummed strings. A submission
+is keyed by the SHA-256 of its file; each issued assignment is returned at most once.
+Stake, balances, payouts and slashing events (the accountability issue) are further
+tables keyed by member address, added by a later migration.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+ROLES = ("worker", "trainer", "validator", "relay")
+MEMBER_STATUSES = ("healthy", "unhealthy", "dead")
+ASSIGNMENT_STATES = ("issued", "returned", "lapsed")
+SUBMISSION_STATES = ("pending", "accepted", "rejected", "voided")
+
+
+def _one_of(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Member(Base):
+    """A registered identity and its role; `status` follows its heartbeats."""
+
+    __tablename__ = "members"
+    __table_args__ = (
+        CheckConstraint(_one_of("role", ROLES), name="ck_members_role"),
+        CheckConstraint(_one_of("status", MEMBER_STATUSES), name="ck_members_status"),
+    )
+
+    address: Mapped[str] = mapped_column(String(42), primary_key=True)
+    role: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16))
+    url: Mapped[str | None] = mapped_column(String(512))
+    registered_at: Mapped[float] = mapped_column(Float)
+    lapses: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Heartbeat(Base):
+    """The newest heartbeat of each member, and how many it has sent."""
+
+    __tablename__ = "heartbeats"
+
+    address: Mapped[str] = mapped_column(ForeignKey("members.address"), primary_key=True)
+    last_at: Mapped[float] = mapped_column(Float)
+    beats: Mapped[int] = mapped_column(Integer, default=0)
+    policy_step: Mapped[int | None] = mapped_column(Integer)
+
+
+class Nonce(Base):
+    """A nonce an address has used; kept until its request's timestamp leaves the window."""
+
+    __tablename__ = "nonces"
+
+    address: Mapped[str] = mapped_column(String(42), primary_key=True)
+    nonce: Mapped[str] = mapped_column(String(128), primary_key=True)
+    timestamp: Mapped[int] = mapped_column(BigInteger, index=True)
+
+
+class Checkpoint(Base):
+    """A policy checkpoint the trainer published: step n and the BLAKE3 of its file."""
+
+    __tablename__ = "checkpoints"
+
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    blake3: Mapped[str] = mapped_column(String(64))
+    announced_at: Mapped[float] = mapped_column(Float)
+    final: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Step(Base):
+    """A rollout step: how many usable samples it needs, and whether it is full."""
+
+    __tablename__ = "steps"
+
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    target_samples: Mapped[int] = mapped_column(Integer)
+    opened_at: Mapped[float] = mapped_column(Float)
+    full_at: Mapped[float | None] = mapped_column(Float)
+
+
+class Assignment(Base):
+    """Work issued to one worker for one step; its seed is HMAC(secret, id)."""
+
+    __tablename__ = "assignments"
+    __table_args__ = (
+        CheckConstraint(_one_of("state", ASSIGNMENT_STATES), name="ck_assignments_state"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    worker: Mapped[str] = mapped_column(ForeignKey("members.address"), index=True)
+    step: Mapped[int] = mapped_column(Integer, index=True)
+    seed: Mapped[int] = mapped_column(BigInteger)
+    prompts: Mapped[int] = mapped_column(Integer)
+    group_size: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    issued_at: Mapped[float] = mapped_column(Float)
+    deadline: Mapped[float] = mapped_column(Float)
+    closed_at: Mapped[float | None] = mapped_column(Float)
+
+
+class Submission(Base):
+    """An uploaded rollout file, keyed by its SHA-256, for one issued assignment."""
+
+    __tablename__ = "submissions"
+    __table_args__ = (
+        CheckConstraint(_one_of("state", SUBMISSION_STATES), name="ck_submissions_state"),
+        UniqueConstraint("assignment_id", name="uq_submissions_assignment"),
+    )
+
+    file_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    assignment_id: Mapped[int] = mapped_column(ForeignKey("assignments.id"))
+    worker: Mapped[str] = mapped_column(ForeignKey("members.address"), index=True)
+    step: Mapped[int] = mapped_column(Integer, index=True)
+    stored_name: Mapped[str] = mapped_column(String(256), unique=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    num_samples: Mapped[int] = mapped_column(Integer)
+    num_nonzero: Mapped[int] = mapped_column(Integer)
+    num_tokens: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    to_validate: Mapped[bool] = mapped_column(Boolean)
+    validation_claimed_at: Mapped[float | None] = mapped_column(Float)
+    uploaded_at: Mapped[float] = mapped_column(Float)
+    trained_step: Mapped[int | None] = mapped_column(Integer)
+    trained_at: Mapped[float | None] = mapped_column(Float)
+
+
+class Verdict(Base):
+    """A validator's signed judgement of one submission."""
+
+    __tablename__ = "verdicts"
+
+    file_hash: Mapped[str] = mapped_column(ForeignKey("submissions.file_hash"), primary_key=True)
+    validator: Mapped[str] = mapped_column(ForeignKey("members.address"))
+    accepted: Mapped[bool] = mapped_column(Boolean)
+    reason: Mapped[str] = mapped_column(Text)
+    # The request that carried the verdict, as signed: anyone can re-check who decided.
+    body: Mapped[str] = mapped_column(Text)
+    signed_text: Mapped[str] = mapped_column(Text)
+    signature: Mapped[str] = mapped_column(String(132))
+    decided_at: Mapped[float] = mapped_column(Float)
+
+
+class Contribution(Base):
+    """Accepted work credited to a worker: one row per accepted submission."""
+
+    __tablename__ = "contributions"
+
+    file_hash: Mapped[str] = mapped_column(ForeignKey("submissions.file_hash"), primary_key=True)
+    worker: Mapped[str] = mapped_column(ForeignKey("members.address"), index=True)
+    step: Mapped[int] = mapped_column(Integer)
+    samples: Mapped[int] = mapped_column(Integer)
+    tokens: Mapped[int] = mapped_column(BigInteger)
+    credited_at: Mapped[float] = mapped_column(Float)

@@ -1,0 +1,345 @@
+"""The orchestrator's HTTP API (FastAPI): thin routes over `Pool`, signed requests only.
+
+Every route except the public pool status takes a signed request (see `auth.py`).
+Uploads stream to a temporary file while their size is capped and their SHA-256
+computed; the signature covers the hash the sender claims in the query, and the bytes
+must hash to it. The OpenAPI schema is served at `/openapi.json`.
+"""
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import secrets
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Path as PathParam
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.requests import ClientDisconnect
+
+from swarmrl.identity import body_digest
+from swarmrl.ledger import Ledger
+from swarmrl.orchestrator.auth import Caller, RateLimiter, RequestVerifier
+from swarmrl.orchestrator.config import OrchestratorConfig
+from swarmrl.orchestrator.pool import Pool, Refusal, UploadedFile, read_allowlist
+from swarmrl.orchestrator.store import RolloutStore
+from swarmrl.protocol import models as api
+
+log = logging.getLogger("swarmrl.orchestrator")
+
+MAX_JSON_BYTES = 1 << 20
+HASH = r"^[0-9a-f]{64}$"
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": api.Problem, "description": "bad signature, timestamp or nonce"},
+    403: {"model": api.Problem, "description": "unregistered sender or wrong role"},
+    429: {"model": api.Problem, "description": "over the sender's rate limit"},
+}
+
+
+def load_or_create_secret(path: Path) -> bytes:
+    """The orchestrator's secret (hex in a 0600 file), made on first start."""
+    path = Path(path)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(32) + "\n")
+    try:
+        secret = bytes.fromhex(path.read_text().strip())
+    except ValueError:
+        raise ValueError(f"{path} must hold the orchestrator secret as hex") from None
+    if len(secret) < 16:
+        raise ValueError(f"{path}: the secret must be at least 16 bytes")
+    return secret
+
+
+def signed_path(request: Request) -> str:
+    """The path and query exactly as sent: what the sender signed."""
+    path = request.scope.get("raw_path") or request.url.path.encode()
+    query = request.scope.get("query_string", b"")
+    text = path.decode("latin-1")
+    return f"{text}?{query.decode('latin-1')}" if query else text
+
+
+class BodyLimit:
+    """ASGI middleware: refuse a body over the route's limit, declared or streamed, before
+    the application buffers it (rollout uploads get the upload limit, the rest 1 MiB)."""
+
+    def __init__(self, app, upload_limit: int) -> None:
+        self.app = app
+        self.upload_limit = upload_limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.upload_limit if scope["path"].endswith("/rollout") else MAX_JSON_BYTES
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            response = JSONResponse(
+                {"detail": f"body of {int(declared)} bytes is over the {limit}-byte limit"},
+                status_code=413,
+            )
+            await response(scope, receive, send)
+            return
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise Refusal(413, f"body is over the {limit}-byte limit")
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.time) -> FastAPI:
+    ledger = Ledger(config.ledger)
+    store = RolloutStore(config.store)
+    pool = Pool(
+        config,
+        ledger,
+        store,
+        load_or_create_secret(Path(config.secret_file)),
+        read_allowlist(config.allowlist),
+        clock=clock,
+    )
+    verifier = RequestVerifier(
+        pool, config.timestamp_window, RateLimiter(config.rate_per_second, config.rate_burst)
+    )
+    spool = tempfile.TemporaryDirectory(prefix="swarmrl-uploads-")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        async def sweep_forever() -> None:
+            while True:
+                try:
+                    await run_in_threadpool(pool.sweep)
+                except Exception:  # a transient database error must not stop the sweeps
+                    log.exception("sweep failed; retrying")
+                await asyncio.sleep(config.sweep_seconds)
+
+        task = asyncio.create_task(sweep_forever())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            spool.cleanup()
+            ledger.close()
+
+    app = FastAPI(
+        title="swarmrl orchestrator",
+        version="1",
+        description="The pool's front door: identities, heartbeats, assignments, uploads, "
+        "submissions for the trainer, validation and verdicts. Requests are signed (X-Address, "
+        "X-Timestamp, X-Nonce, X-Signature: EIP-191 over "
+        "'swarmrl/1\\n<METHOD>\\n<path?query>\\n<sha256 of body>\\n<timestamp>\\n<nonce>').",
+        lifespan=lifespan,
+    )
+    app.state.pool = pool
+    app.add_middleware(BodyLimit, upload_limit=config.max_upload_bytes)
+
+    @app.exception_handler(Refusal)
+    async def refused(_request: Request, exc: Refusal) -> JSONResponse:
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # One line naming each bad field; the sender's values are not echoed back (they
+        # may not even be JSON-encodable, e.g. NaN).
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        return JSONResponse({"detail": problems}, status_code=422)
+
+    async def signed(request: Request) -> Caller:
+        body = await request.body()
+        return await run_in_threadpool(
+            verifier.verify,
+            request.method,
+            signed_path(request),
+            request.headers,
+            body_digest(body),
+        )
+
+    Signed = Annotated[Caller, Depends(signed)]
+
+    @app.get("/v1/status", response_model=api.PoolStatus, tags=["public"])
+    def status() -> api.PoolStatus:
+        """The pool at a glance: members, health, steps, submissions, verdicts, contributions."""
+        return pool.status()
+
+    @app.post("/v1/register", response_model=api.Member, responses=ERRORS, tags=["members"])
+    def register(req: api.RegisterRequest, caller: Signed) -> api.Member:
+        """Join the pool: workers by signature; trainer, validators and relays by allowlist."""
+        return pool.register(caller.address, req)
+
+    @app.post(
+        "/v1/heartbeat", response_model=api.HeartbeatResponse, responses=ERRORS, tags=["members"]
+    )
+    def heartbeat(req: api.HeartbeatRequest, caller: Signed) -> api.HeartbeatResponse:
+        """Alive: answers the current step, async bound, newest checkpoint and relays."""
+        return pool.heartbeat(caller.address, req)
+
+    @app.post(
+        "/v1/assignments", response_model=api.AssignmentResponse, responses=ERRORS, tags=["workers"]
+    )
+    def assignment(req: api.AssignmentRequest, caller: Signed) -> api.AssignmentResponse:
+        """Ask for work: an assignment (id, step, seed) if a step still needs samples."""
+        return pool.request_assignment(caller.address, req)
+
+    @app.put(
+        "/v1/assignments/{assignment_id}/rollout",
+        response_model=api.SubmissionInfo,
+        status_code=201,
+        responses={
+            **ERRORS,
+            400: {"model": api.Problem, "description": "the bytes do not hash to sha256"},
+            404: {"model": api.Problem, "description": "assignment never issued"},
+            409: {
+                "model": api.Problem,
+                "description": "assignment closed, or file already submitted",
+            },
+            413: {"model": api.Problem, "description": "file over the size limit"},
+            422: {"model": api.Problem, "description": "unreadable file, or metadata disagrees"},
+        },
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+                },
+            }
+        },
+        tags=["workers"],
+    )
+    async def upload(
+        request: Request,
+        assignment_id: Annotated[int, PathParam(ge=1, le=2**31 - 1)],
+        sha256: Annotated[str, Query(pattern=HASH, description="SHA-256 hex of the file (signed)")],
+    ) -> api.SubmissionInfo:
+        """Upload the rollout file of an open assignment (raw bytes, streamed)."""
+        caller = await run_in_threadpool(
+            verifier.verify, request.method, signed_path(request), request.headers, sha256
+        )
+        await run_in_threadpool(pool.check_upload_target, caller.address, assignment_id)
+        limit = config.max_upload_bytes
+        fd, tmp = tempfile.mkstemp(dir=spool.name, suffix=".parquet")
+        try:
+            digest, size = hashlib.sha256(), 0
+            with os.fdopen(fd, "wb") as fh:
+                try:
+                    async for chunk in request.stream():
+                        size += len(chunk)
+                        if size > limit:
+                            raise Refusal(413, f"file is over the {limit}-byte limit")
+                        digest.update(chunk)
+                        fh.write(chunk)
+                except ClientDisconnect:
+                    raise Refusal(400, "the sender disconnected mid-upload") from None
+            if digest.hexdigest() != sha256:
+                raise Refusal(400, f"the uploaded bytes hash to {digest.hexdigest()}, not {sha256}")
+            return await run_in_threadpool(
+                pool.accept_upload,
+                caller.address,
+                assignment_id,
+                UploadedFile(Path(tmp), sha256, size),
+            )
+        finally:
+            os.unlink(tmp)
+
+    @app.get(
+        "/v1/steps/{step}/submissions",
+        response_model=api.SubmissionList,
+        responses=ERRORS,
+        tags=["trainer"],
+    )
+    def submissions(
+        step: Annotated[int, PathParam(ge=0, le=10**9)], caller: Signed
+    ) -> api.SubmissionList:
+        """The usable (not rejected, not voided) submissions of a step."""
+        return pool.submissions_for_step(caller.address, step)
+
+    @app.get(
+        "/v1/submissions/{file_hash}/file",
+        response_class=StreamingResponse,
+        responses={**ERRORS, 200: {"content": {"application/octet-stream": {}}}},
+        tags=["trainer"],
+    )
+    def download(
+        file_hash: Annotated[str, PathParam(pattern=HASH)], caller: Signed
+    ) -> StreamingResponse:
+        """A submitted rollout file (trainer and validators)."""
+        name, size = pool.stored_file(caller.address, file_hash)
+        fh = store.open(name)
+
+        def chunks():
+            with fh:
+                while block := fh.read(1 << 20):
+                    yield block
+
+        return StreamingResponse(
+            chunks(),
+            media_type="application/octet-stream",
+            headers={"Content-Length": str(size), "X-Content-SHA256": file_hash},
+        )
+
+    @app.post(
+        "/v1/submissions/trained",
+        response_model=api.MarkTrainedResponse,
+        responses=ERRORS,
+        tags=["trainer"],
+    )
+    def trained(req: api.MarkTrainedRequest, caller: Signed) -> api.MarkTrainedResponse:
+        """Mark submissions consumed by a training step (idempotent for the same step)."""
+        return api.MarkTrainedResponse(marked=pool.mark_trained(caller.address, req))
+
+    @app.post(
+        "/v1/checkpoints", response_model=api.HeartbeatResponse, responses=ERRORS, tags=["trainer"]
+    )
+    def checkpoint(req: api.CheckpointAnnouncement, caller: Signed) -> api.HeartbeatResponse:
+        """Publish checkpoint n (its BLAKE3): workers now generate for step n."""
+        return pool.announce_checkpoint(caller.address, req)
+
+    @app.post(
+        "/v1/validation/next",
+        response_model=api.ValidationTask,
+        responses=ERRORS,
+        tags=["validator"],
+    )
+    def next_for_validation(caller: Signed) -> api.ValidationTask:
+        """The next file to check, with its assignment; handed out again if no verdict comes."""
+        return pool.next_for_validation(caller.address)
+
+    @app.post(
+        "/v1/verdicts", response_model=api.VerdictResponse, responses=ERRORS, tags=["validator"]
+    )
+    async def verdict(
+        request: Request, req: api.VerdictRequest, caller: Signed
+    ) -> api.VerdictResponse:
+        """Record a validator's verdict; accepted work is credited to the worker."""
+        body = (await request.body()).decode("utf-8", "replace")
+        return await run_in_threadpool(
+            lambda: pool.record_verdict(
+                caller.address,
+                req,
+                body=body,
+                signed_text=caller.signed_text,
+                signature=caller.signature,
+            )
+        )
+
+    return app

@@ -1,0 +1,94 @@
+"""The orchestrator's settings: typed, each with its help text (the CLI flags follow them)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class OrchestratorConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ledger: str = Field(
+        "sqlite:///orchestrator/ledger.db",
+        description="ledger database URL: sqlite:///FILE or postgresql://USER@HOST/DB",
+    )
+    store: str = Field(
+        "orchestrator/rollouts",
+        description="fsspec URL of the rollout store (a local folder, or s3://, gs://, ...)",
+    )
+    secret_file: str = Field(
+        "orchestrator/secret",
+        description="file with the orchestrator's secret (hex); created with mode 0600 if missing; "
+        "assignment seeds and the validation choice derive from it, so keep it across restarts",
+    )
+    allowlist: str | None = Field(
+        None,
+        description="file of 'ADDRESS ROLE' lines: who may register as trainer, validator or relay "
+        "(and as worker when open_workers is off)",
+    )
+    open_workers: bool = Field(
+        True,
+        description="any signed key may register as a worker (off: workers need the allowlist)",
+    )
+    run_id: str | None = Field(
+        None,
+        description="run id every uploaded file must carry in its metadata (unset: not checked)",
+    )
+    steps: int | None = Field(
+        None,
+        ge=1,
+        description="rollout steps of the run; no assignment is issued for step >= steps",
+    )
+    batch_samples: int = Field(
+        128, ge=1, description="usable (non-zero-advantage) samples a step needs"
+    )
+    prompts_per_assignment: int = Field(8, ge=1, description="prompts in one assignment")
+    group_size: int = Field(8, ge=2, description="samples per prompt")
+    async_level: int = Field(2, ge=0, description="k: a step-n assignment needs a policy >= n-k")
+    surplus: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="extra share of a step's need issued to cover lapses and rejects",
+    )
+    prior_yield: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="share of usable samples assumed before any file arrived (then the observed one)",
+    )
+    max_open_per_worker: int = Field(
+        2, ge=1, description="open assignments one worker may hold at a time"
+    )
+    assignment_seconds: float = Field(
+        600.0,
+        gt=0,
+        description="deadline of an assignment; then it lapses (counted against the worker)",
+    )
+    heartbeat_seconds: float = Field(10.0, gt=0, description="interval members heartbeat at")
+    unhealthy_after: int = Field(
+        3, ge=1, description="missed heartbeats before a member is unhealthy"
+    )
+    dead_after: int = Field(
+        6, ge=1, description="missed heartbeats before a member is dead (its assignments reissued)"
+    )
+    timestamp_window: float = Field(
+        60.0, gt=0, description="seconds a signed request's timestamp may differ from the clock"
+    )
+    rate_per_second: float = Field(20.0, gt=0, description="requests per second per address")
+    rate_burst: int = Field(60, ge=1, description="requests an address may send in one burst")
+    max_upload_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024, description="largest rollout file accepted"
+    )
+    validation_fraction: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="share of files handed to validators, chosen by HMAC(secret, file hash)",
+    )
+    validation_lease_seconds: float = Field(
+        600.0, gt=0, description="a file handed to a validator is handed out again after this"
+    )
+    sweep_seconds: float = Field(
+        1.0, gt=0, description="how often health, deadlines and old nonces are checked"
+    )

@@ -1,0 +1,680 @@
+"""The pool's rules, applied to the ledger: who may do what, and what each act records.
+
+Every method is one ledger transaction under one lock: the orchestrator is a single
+process, and serializing the writes keeps "issue only what the step needs" and "each
+assignment returned once" true on SQLite and PostgreSQL alike. A refused act raises
+`Refusal` with the HTTP status and a one-line reason, and changes nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast, get_args
+
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from swarmrl.ledger import (
+    Assignment,
+    Checkpoint,
+    Contribution,
+    Heartbeat,
+    Ledger,
+    Member,
+    Nonce,
+    Step,
+    Submission,
+    Verdict,
+)
+from swarmrl.orchestrator.config import OrchestratorConfig
+from swarmrl.orchestrator.issuance import (
+    assignment_seed,
+    assignments_needed,
+    chosen_for_validation,
+)
+from swarmrl.orchestrator.store import RolloutStore
+from swarmrl.protocol import models as api
+from swarmrl.rollouts import read_rollouts
+
+YIELD_WINDOW = 64  # newest submissions the observed yield is measured over
+LIVE = ("pending", "accepted")  # submissions a trainer may use
+ROLES: tuple[api.Role, ...] = get_args(api.Role)
+
+
+class Refusal(Exception):
+    """A request the pool refuses: HTTP status and a one-line reason."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class UploadedFile:
+    """A complete upload on local disk, hash and size measured while it streamed in."""
+
+    path: Path
+    file_hash: str
+    size: int
+
+
+def _assignment_info(a: Assignment) -> api.AssignmentInfo:
+    return api.AssignmentInfo(
+        id=a.id,
+        worker=a.worker,
+        step=a.step,
+        seed=a.seed,
+        prompts=a.prompts,
+        group_size=a.group_size,
+        deadline=a.deadline,
+    )
+
+
+def _submission_info(s: Submission) -> api.SubmissionInfo:
+    return api.SubmissionInfo(
+        file_hash=s.file_hash,
+        assignment_id=s.assignment_id,
+        worker=s.worker,
+        step=s.step,
+        size=s.size,
+        num_samples=s.num_samples,
+        num_nonzero=s.num_nonzero,
+        num_tokens=s.num_tokens,
+        state=s.state,
+        trained_step=s.trained_step,
+    )
+
+
+def read_allowlist(path: str | None) -> dict[str, set[str]]:
+    """'ADDRESS ROLE' lines (blank lines and # comments allowed) → address: roles."""
+    from eth_utils import is_address, to_checksum_address
+
+    allowed: dict[str, set[str]] = {}
+    if path is None:
+        return allowed
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 2 or not is_address(parts[0]) or parts[1] not in ROLES:
+            raise ValueError(
+                f"{path}:{number}: expected 'ADDRESS ROLE' with ROLE one of "
+                f"{', '.join(ROLES)}, got {line!r}"
+            )
+        allowed.setdefault(to_checksum_address(parts[0]), set()).add(parts[1])
+    return allowed
+
+
+class Pool:
+    def __init__(
+        self,
+        config: OrchestratorConfig,
+        ledger: Ledger,
+        store: RolloutStore,
+        secret: bytes,
+        allowlist: dict[str, set[str]],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.store = store
+        self.secret = secret
+        self.allowlist = allowlist
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._view: api.HeartbeatResponse | None = None  # what heartbeats answer; None = rebuild
+
+    # -- identities ---------------------------------------------------------------------
+
+    def spend_nonce(self, address: str, nonce: str, timestamp: int) -> None:
+        """Record a nonce; refuses one the address already used inside the window."""
+        with self._lock:
+            try:
+                with self.ledger.session() as s:
+                    s.execute(
+                        insert(Nonce).values(address=address, nonce=nonce, timestamp=timestamp)
+                    )
+            except IntegrityError:
+                raise Refusal(
+                    401, "nonce already used by this address (replayed request)"
+                ) from None
+
+    def member(self, s: Session, address: str, roles: Iterable[str]) -> Member:
+        m = s.get(Member, address)
+        roles = tuple(roles)
+        if m is None:
+            raise Refusal(403, f"{address} is not registered")
+        if m.role not in roles:
+            raise Refusal(403, f"{address} is a {m.role}; this needs a {' or '.join(roles)}")
+        if m.status == "dead":
+            raise Refusal(
+                403, f"{address} was declared dead after missed heartbeats; register again"
+            )
+        return m
+
+    def check_member(self, address: str, roles: Iterable[str]) -> None:
+        with self.ledger.session() as s:
+            self.member(s, address, roles)
+
+    def register(self, address: str, req: api.RegisterRequest) -> api.Member:
+        allowed = self.allowlist.get(address, set())
+        if req.role == "worker":
+            if not self.config.open_workers and "worker" not in allowed:
+                raise Refusal(403, f"{address} is not on the allowlist as a worker")
+        elif req.role not in allowed:
+            raise Refusal(403, f"{address} is not on the allowlist as a {req.role}")
+        if req.url is not None and req.role not in ("relay", "trainer"):
+            raise Refusal(422, "only relays and the trainer register a URL")
+        now = self.clock()
+        with self._lock, self.ledger.session() as s:
+            m = s.get(Member, address)
+            if m is None:
+                m = Member(
+                    address=address,
+                    role=req.role,
+                    status="healthy",
+                    url=req.url,
+                    registered_at=now,
+                    lapses=0,
+                )
+                s.add(m)
+                s.flush()  # the member row first: the heartbeat row refers to it
+                s.add(Heartbeat(address=address, last_at=now, beats=0))
+            elif m.role != req.role:
+                raise Refusal(409, f"{address} is registered as a {m.role}, not a {req.role}")
+            else:
+                m.status = "healthy"
+                m.url = req.url
+                s.get_one(Heartbeat, address).last_at = now
+            s.flush()
+            self._view = None
+            return api.Member(
+                address=m.address,
+                role=cast(api.Role, m.role),
+                status=m.status,
+                url=m.url,
+                lapses=m.lapses,
+            )
+
+    # -- heartbeats and health ----------------------------------------------------------
+
+    def heartbeat(self, address: str, req: api.HeartbeatRequest) -> api.HeartbeatResponse:
+        """The hottest path (every member, every few seconds): two single-row statements,
+        and the pool view from memory (rebuilt whenever what it shows may have changed)."""
+        now = self.clock()
+        with self._lock, self.ledger.session() as s:
+            status = s.scalar(select(Member.status).where(Member.address == address))
+            if status is None or status == "dead":
+                self.member(s, address, ROLES)  # raises the precise refusal
+            s.execute(
+                update(Heartbeat)
+                .where(Heartbeat.address == address)
+                .values(last_at=now, beats=Heartbeat.beats + 1, policy_step=req.policy_step)
+            )
+            if status != "healthy":
+                s.execute(update(Member).where(Member.address == address).values(status="healthy"))
+                self._view = None  # a relay back to health changes the relay list
+            if self._view is None:
+                self._view = self._pool_view(s)
+            return self._view
+
+    def _pool_view(self, s: Session) -> api.HeartbeatResponse:
+        newest = s.scalars(select(Checkpoint).order_by(Checkpoint.step.desc()).limit(1)).first()
+        relays = s.scalars(
+            select(Member.url).where(
+                Member.role == "relay", Member.status == "healthy", Member.url.is_not(None)
+            )
+        ).all()
+        origin = s.scalars(
+            select(Member.url).where(Member.role == "trainer", Member.url.is_not(None))
+        ).first()
+        return api.HeartbeatResponse(
+            step=newest.step if newest else None,
+            async_level=self.config.async_level,
+            checkpoint=api.CheckpointInfo(step=newest.step, blake3=newest.blake3)
+            if newest
+            else None,
+            relays=sorted(u for u in relays if u),
+            origin=origin,
+            heartbeat_seconds=self.config.heartbeat_seconds,
+            finished=bool(newest and newest.final),
+        )
+
+    def sweep(self) -> None:
+        """Mark members by missed heartbeats, lapse overdue assignments and the open
+        assignments of dead workers (they become needed again), forget expired nonces."""
+        now = self.clock()
+        cfg = self.config
+        with self._lock, self.ledger.session() as s:
+            rows = s.execute(select(Member, Heartbeat.last_at).join(Heartbeat)).all()
+            for m, last_at in rows:
+                missed = (now - last_at) / cfg.heartbeat_seconds
+                status = (
+                    "dead"
+                    if missed >= cfg.dead_after
+                    else "unhealthy"
+                    if missed >= cfg.unhealthy_after
+                    else "healthy"
+                )
+                if status != m.status and m.status != "dead":
+                    m.status = status
+                    self._view = None
+            dead = {m.address for m, _ in rows if m.status == "dead"}
+            for a in s.scalars(select(Assignment).where(Assignment.state == "issued")):
+                if a.deadline < now or a.worker in dead:
+                    self._lapse(s, a, now)
+            s.execute(delete(Nonce).where(Nonce.timestamp < now - cfg.timestamp_window - 1))
+
+    def _lapse(self, s: Session, a: Assignment, now: float) -> None:
+        a.state = "lapsed"
+        a.closed_at = now
+        s.get_one(Member, a.worker).lapses += 1
+
+    # -- assignments --------------------------------------------------------------------
+
+    def _usable(self, s: Session, step: int) -> int:
+        total = s.scalar(
+            select(func.coalesce(func.sum(Submission.num_nonzero), 0)).where(
+                Submission.step == step, Submission.state.in_(LIVE)
+            )
+        )
+        return int(total or 0)
+
+    def _observed_yield(self, s: Session) -> float:
+        recent = s.execute(
+            select(Submission.num_nonzero, Submission.num_samples)
+            .order_by(Submission.uploaded_at.desc())
+            .limit(YIELD_WINDOW)
+        ).all()
+        samples = sum(n for _, n in recent)
+        return sum(z for z, _ in recent) / samples if samples else self.config.prior_yield
+
+    def _need(self, s: Session, step: int, observed_yield: float, now: float) -> int:
+        row = s.get(Step, step)
+        if row is None:
+            row = Step(step=step, target_samples=self.config.batch_samples, opened_at=now)
+            s.add(row)
+        usable = self._usable(s, step)
+        if usable >= row.target_samples:
+            if row.full_at is None:
+                row.full_at = now
+            return 0
+        open_count = s.scalar(
+            select(func.count()).where(Assignment.step == step, Assignment.state == "issued")
+        )
+        return assignments_needed(
+            target=row.target_samples,
+            usable=usable,
+            open_assignments=int(open_count or 0),
+            samples_per_assignment=self.config.prompts_per_assignment * self.config.group_size,
+            observed_yield=observed_yield,
+            surplus=self.config.surplus,
+        )
+
+    def request_assignment(self, worker: str, req: api.AssignmentRequest) -> api.AssignmentResponse:
+        cfg = self.config
+        now = self.clock()
+        wait = cfg.heartbeat_seconds / 2
+        with self._lock, self.ledger.session() as s:
+            self.member(s, worker, ["worker"])
+            newest = s.scalars(select(Checkpoint).order_by(Checkpoint.step.desc()).limit(1)).first()
+            if newest is None:
+                return api.AssignmentResponse(
+                    assignment=None, reason="no checkpoint published yet", retry_seconds=wait
+                )
+            if newest.final:
+                return api.AssignmentResponse(assignment=None, reason="the run is finished")
+            current = newest.step
+            if req.policy_step + cfg.async_level < current:
+                return api.AssignmentResponse(
+                    assignment=None,
+                    reason=f"policy {req.policy_step} is too old: fetch checkpoint >= {current - cfg.async_level}",
+                    retry_seconds=wait,
+                )
+            held = s.scalar(
+                select(func.count()).where(
+                    Assignment.worker == worker, Assignment.state == "issued"
+                )
+            )
+            if (held or 0) >= cfg.max_open_per_worker:
+                return api.AssignmentResponse(
+                    assignment=None,
+                    reason=f"already holding {held} open assignments (limit {cfg.max_open_per_worker})",
+                    retry_seconds=wait,
+                )
+            last = min(req.policy_step, current) + cfg.async_level
+            if cfg.steps is not None:
+                last = min(last, cfg.steps - 1)
+            observed = self._observed_yield(s)
+            for step in range(current, last + 1):
+                if self._need(s, step, observed, now) > 0:
+                    a = Assignment(
+                        worker=worker,
+                        step=step,
+                        seed=0,
+                        prompts=cfg.prompts_per_assignment,
+                        group_size=cfg.group_size,
+                        state="issued",
+                        issued_at=now,
+                        deadline=now + cfg.assignment_seconds,
+                    )
+                    s.add(a)
+                    s.flush()  # the id comes from the ledger; the seed from the id
+                    a.seed = assignment_seed(self.secret, a.id)
+                    return api.AssignmentResponse(assignment=_assignment_info(a), reason="")
+            return api.AssignmentResponse(
+                assignment=None,
+                reason=f"steps {current}..{last} need no more work now",
+                retry_seconds=wait,
+            )
+
+    # -- uploads ------------------------------------------------------------------------
+
+    def open_assignment(self, s: Session, worker: str, assignment_id: int) -> Assignment:
+        a = s.get(Assignment, assignment_id)
+        if a is None:
+            raise Refusal(404, f"assignment {assignment_id} was never issued")
+        if a.worker != worker:
+            raise Refusal(403, f"assignment {assignment_id} was issued to another worker")
+        if a.state != "issued":
+            raise Refusal(409, f"assignment {assignment_id} is {a.state}, no longer open")
+        return a
+
+    def check_upload_target(self, worker: str, assignment_id: int) -> None:
+        """Before any byte is read: the sender is a worker holding this open assignment."""
+        with self.ledger.session() as s:
+            self.member(s, worker, ["worker"])
+            self.open_assignment(s, worker, assignment_id)
+
+    def accept_upload(
+        self, worker: str, assignment_id: int, upload: UploadedFile
+    ) -> api.SubmissionInfo:
+        """Check a streamed-in file against its assignment, store it, record the submission."""
+        cfg = self.config
+        try:
+            table, meta = read_rollouts(upload.path)
+        except Exception as exc:  # noqa: BLE001 (any failure to parse hostile bytes is the sender's)
+            raise Refusal(422, f"unreadable rollout file: {exc}") from None
+        with self._lock, self.ledger.session() as s:
+            self.member(s, worker, ["worker"])
+            a = self.open_assignment(s, worker, assignment_id)
+            expected = {
+                "worker_address": worker,
+                "step": a.step,
+                "submission": a.id,
+                "num_samples": a.prompts * a.group_size,
+            }
+            if cfg.run_id is not None:
+                expected["run_id"] = cfg.run_id
+            for field, value in expected.items():
+                if getattr(meta, field) != value:
+                    raise Refusal(
+                        422,
+                        f"file metadata {field}={getattr(meta, field)!r} disagrees with "
+                        f"assignment {a.id} ({value!r})",
+                    )
+            if not 0 <= meta.num_nonzero <= meta.num_samples:
+                raise Refusal(422, f"file metadata num_nonzero={meta.num_nonzero} is out of range")
+            if s.get(Submission, upload.file_hash) is not None:
+                raise Refusal(409, f"file {upload.file_hash} was already submitted")
+            name = self.store.name_for(a.step, upload.file_hash)
+            now = self.clock()
+            tokens = int(
+                table.column("output_tokens").combine_chunks().value_lengths().to_numpy().sum()
+            )
+            sub = Submission(
+                file_hash=upload.file_hash,
+                assignment_id=a.id,
+                worker=worker,
+                step=a.step,
+                stored_name=name,
+                size=upload.size,
+                num_samples=meta.num_samples,
+                num_nonzero=meta.num_nonzero,
+                num_tokens=tokens,
+                state="pending",
+                to_validate=chosen_for_validation(
+                    self.secret, upload.file_hash, cfg.validation_fraction
+                ),
+                uploaded_at=now,
+            )
+            s.add(sub)
+            a.state = "returned"
+            a.closed_at = now
+            s.flush()
+            step = s.get(Step, a.step)
+            if (
+                step is not None
+                and step.full_at is None
+                and self._usable(s, a.step) >= step.target_samples
+            ):
+                step.full_at = now
+            # Stored last, inside the transaction: a failed store write records nothing.
+            self.store.put(upload.path, name)
+            return _submission_info(sub)
+
+    # -- the trainer --------------------------------------------------------------------
+
+    def submissions_for_step(self, trainer: str, step: int) -> api.SubmissionList:
+        with self.ledger.session() as s:
+            self.member(s, trainer, ["trainer"])
+            rows = s.scalars(
+                select(Submission)
+                .where(Submission.step == step, Submission.state.in_(LIVE))
+                .order_by(Submission.uploaded_at, Submission.file_hash)
+            ).all()
+            return api.SubmissionList(step=step, submissions=[_submission_info(r) for r in rows])
+
+    def stored_file(self, reader: str, file_hash: str) -> tuple[str, int]:
+        """(stored name, size) of a submission, for the trainer and validators only."""
+        with self.ledger.session() as s:
+            self.member(s, reader, ["trainer", "validator"])
+            sub = s.get(Submission, file_hash)
+            if sub is None:
+                raise Refusal(404, f"no submission {file_hash}")
+            return sub.stored_name, sub.size
+
+    def mark_trained(self, trainer: str, req: api.MarkTrainedRequest) -> int:
+        now = self.clock()
+        with self._lock, self.ledger.session() as s:
+            self.member(s, trainer, ["trainer"])
+            marked = 0
+            for file_hash in dict.fromkeys(req.file_hashes):
+                sub = s.get(Submission, file_hash)
+                if sub is None:
+                    raise Refusal(404, f"no submission {file_hash}")
+                if sub.state not in LIVE:
+                    raise Refusal(
+                        409, f"submission {file_hash} is {sub.state}; it must not be trained"
+                    )
+                if sub.trained_step is not None:
+                    if sub.trained_step != req.step:
+                        raise Refusal(
+                            409,
+                            f"submission {file_hash} was already trained in step {sub.trained_step}",
+                        )
+                    continue  # the same report again (a restarted trainer): counted once
+                sub.trained_step = req.step
+                sub.trained_at = now
+                marked += 1
+            return marked
+
+    def announce_checkpoint(
+        self, trainer: str, req: api.CheckpointAnnouncement
+    ) -> api.HeartbeatResponse:
+        now = self.clock()
+        with self._lock, self.ledger.session() as s:
+            self.member(s, trainer, ["trainer"])
+            known = s.get(Checkpoint, req.step)
+            newest = s.scalar(select(func.max(Checkpoint.step)))
+            if known is not None:
+                if known.blake3 != req.blake3:
+                    raise Refusal(409, f"checkpoint {req.step} was announced with another hash")
+                known.final = known.final or req.final
+            elif newest is not None and req.step < newest:
+                raise Refusal(409, f"checkpoint {req.step} is older than the newest ({newest})")
+            else:
+                s.add(
+                    Checkpoint(step=req.step, blake3=req.blake3, announced_at=now, final=req.final)
+                )
+            s.flush()
+            self._view = None
+            return self._pool_view(s)
+
+    # -- the validator ------------------------------------------------------------------
+
+    def next_for_validation(self, validator: str) -> api.ValidationTask:
+        now = self.clock()
+        with self._lock, self.ledger.session() as s:
+            self.member(s, validator, ["validator"])
+            lease_over = now - self.config.validation_lease_seconds
+            sub = s.scalars(
+                select(Submission)
+                .where(
+                    Submission.to_validate.is_(True),
+                    Submission.state == "pending",
+                    (Submission.validation_claimed_at.is_(None))
+                    | (Submission.validation_claimed_at < lease_over),
+                )
+                .order_by(Submission.uploaded_at, Submission.file_hash)
+                .limit(1)
+            ).first()
+            if sub is None:
+                return api.ValidationTask(submission=None)
+            sub.validation_claimed_at = now
+            a = s.get_one(Assignment, sub.assignment_id)
+            return api.ValidationTask(
+                submission=_submission_info(sub), assignment=_assignment_info(a)
+            )
+
+    def record_verdict(
+        self,
+        validator: str,
+        req: api.VerdictRequest,
+        *,
+        body: str,
+        signed_text: str,
+        signature: str,
+    ) -> api.VerdictResponse:
+        now = self.clock()
+        with self._lock, self.ledger.session() as s:
+            self.member(s, validator, ["validator"])
+            sub = s.get(Submission, req.file_hash)
+            if sub is None:
+                raise Refusal(404, f"no submission {req.file_hash}")
+            if sub.state != "pending":
+                raise Refusal(409, f"submission {req.file_hash} is already {sub.state}")
+            s.add(
+                Verdict(
+                    file_hash=sub.file_hash,
+                    validator=validator,
+                    accepted=req.accepted,
+                    reason=req.reason,
+                    body=body,
+                    signed_text=signed_text,
+                    signature=signature,
+                    decided_at=now,
+                )
+            )
+            sub.state = "accepted" if req.accepted else "rejected"
+            if req.accepted:
+                s.add(
+                    Contribution(
+                        file_hash=sub.file_hash,
+                        worker=sub.worker,
+                        step=sub.step,
+                        samples=sub.num_samples,
+                        tokens=sub.num_tokens,
+                        credited_at=now,
+                    )
+                )
+            return api.VerdictResponse(file_hash=sub.file_hash, state=sub.state)
+
+    # -- status -------------------------------------------------------------------------
+
+    def status(self) -> api.PoolStatus:
+        with self.ledger.session() as s:
+            view = self._pool_view(s)
+            members = [
+                api.Member(
+                    address=m.address,
+                    role=cast(api.Role, m.role),
+                    status=m.status,
+                    url=m.url,
+                    lapses=m.lapses,
+                    last_heartbeat=last_at,
+                )
+                for m, last_at in s.execute(
+                    select(Member, Heartbeat.last_at)
+                    .join(Heartbeat)
+                    .order_by(Member.role, Member.address)
+                )
+            ]
+            steps = []
+            for row in s.scalars(select(Step).order_by(Step.step.desc()).limit(20)):
+                counts = dict(
+                    s.execute(
+                        select(Assignment.state, func.count())
+                        .where(Assignment.step == row.step)
+                        .group_by(Assignment.state)
+                    ).all()
+                )
+                steps.append(
+                    api.StepStatus(
+                        step=row.step,
+                        target_samples=row.target_samples,
+                        usable_samples=self._usable(s, row.step),
+                        submissions=counts.get("returned", 0),
+                        open_assignments=counts.get("issued", 0),
+                        lapsed_assignments=counts.get("lapsed", 0),
+                        trained=int(
+                            s.scalar(
+                                select(func.count()).where(
+                                    Submission.step == row.step,
+                                    Submission.trained_step.is_not(None),
+                                )
+                            )
+                            or 0
+                        ),
+                        full=row.full_at is not None,
+                    )
+                )
+            by_state = dict(
+                s.execute(select(Submission.state, func.count()).group_by(Submission.state)).all()
+            )
+            verdicts = dict(
+                s.execute(select(Verdict.accepted, func.count()).group_by(Verdict.accepted)).all()
+            )
+            contributions = [
+                api.Contribution(worker=w, files=f, samples=int(n), tokens=int(t))
+                for w, f, n, t in s.execute(
+                    select(
+                        Contribution.worker,
+                        func.count(),
+                        func.sum(Contribution.samples),
+                        func.sum(Contribution.tokens),
+                    )
+                    .group_by(Contribution.worker)
+                    .order_by(Contribution.worker)
+                )
+            ]
+            return api.PoolStatus(
+                step=view.step,
+                checkpoint=view.checkpoint,
+                finished=view.finished,
+                members=members,
+                steps=steps,
+                submissions={k: int(v) for k, v in by_state.items()},
+                verdicts={
+                    "accepted": int(verdicts.get(True, 0)),
+                    "rejected": int(verdicts.get(False, 0)),
+                },
+                contributions=contributions,
+            )

@@ -1,0 +1,5 @@
+"""How roles talk to the orchestrator: the shared API models and the one signing HTTP client."""
+
+from swarmrl.protocol.client import PoolClient, PoolRefused
+
+__all__ = ["PoolClient", "PoolRefused"]

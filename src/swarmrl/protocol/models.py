@@ -1,0 +1,159 @@
+"""Request and response bodies of the orchestrator's API, shared by server and client.
+
+Request models forbid unknown fields and bound every number and string: they parse
+what untrusted members send.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Role = Literal["worker", "trainer", "validator", "relay"]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RegisterRequest(_Request):
+    role: Role = Field(description="the role this key registers for")
+    url: str | None = Field(
+        None,
+        max_length=512,
+        pattern=r"^https?://[^\s]+$",
+        description="relays: the URL workers fetch checkpoints from; trainer: its SHARDCAST origin",
+    )
+
+
+class Member(BaseModel):
+    address: str
+    role: Role
+    status: str
+    url: str | None = None
+    lapses: int = 0
+    last_heartbeat: float | None = None
+
+
+class HeartbeatRequest(_Request):
+    policy_step: int | None = Field(
+        None, ge=0, le=10**9, description="newest checkpoint step the member holds"
+    )
+
+
+class CheckpointInfo(BaseModel):
+    step: int
+    blake3: str
+
+
+class HeartbeatResponse(BaseModel):
+    step: int | None = Field(description="the step the trainer waits on (newest checkpoint's step)")
+    async_level: int
+    checkpoint: CheckpointInfo | None
+    relays: list[str] = Field(description="URLs to fetch checkpoints from (healthy relays)")
+    origin: str | None = Field(None, description="the trainer's SHARDCAST origin, if registered")
+    heartbeat_seconds: float
+    finished: bool = Field(description="the trainer published its final checkpoint")
+
+
+class AssignmentRequest(_Request):
+    policy_step: int = Field(ge=0, le=10**9, description="newest checkpoint step the worker holds")
+
+
+class AssignmentInfo(BaseModel):
+    id: int
+    worker: str
+    step: int
+    seed: int
+    prompts: int
+    group_size: int
+    deadline: float
+
+
+class AssignmentResponse(BaseModel):
+    assignment: AssignmentInfo | None
+    reason: str = Field("", description="why no assignment was issued")
+    retry_seconds: float = 0.0
+
+
+class SubmissionInfo(BaseModel):
+    file_hash: str
+    assignment_id: int
+    worker: str
+    step: int
+    size: int
+    num_samples: int
+    num_nonzero: int
+    num_tokens: int
+    state: str
+    trained_step: int | None = None
+
+
+class SubmissionList(BaseModel):
+    step: int
+    submissions: list[SubmissionInfo]
+
+
+class MarkTrainedRequest(_Request):
+    step: int = Field(ge=0, le=10**9, description="the training step that consumed the files")
+    file_hashes: list[str] = Field(min_length=1, max_length=10_000)
+
+
+class MarkTrainedResponse(BaseModel):
+    marked: int
+
+
+class ValidationTask(BaseModel):
+    submission: SubmissionInfo | None
+    assignment: AssignmentInfo | None = None
+
+
+class VerdictRequest(_Request):
+    file_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    accepted: bool
+    reason: str = Field("", max_length=4000, description="the failed check, or empty")
+
+
+class VerdictResponse(BaseModel):
+    file_hash: str
+    state: str
+
+
+class CheckpointAnnouncement(_Request):
+    step: int = Field(ge=0, le=10**9)
+    blake3: str = Field(pattern=r"^[0-9a-f]{64}$", description="BLAKE3 of the broadcast file")
+    final: bool = Field(False, description="the run's last checkpoint: no more work after it")
+
+
+class StepStatus(BaseModel):
+    step: int
+    target_samples: int
+    usable_samples: int
+    submissions: int
+    open_assignments: int
+    lapsed_assignments: int
+    trained: int
+    full: bool
+
+
+class Contribution(BaseModel):
+    worker: str
+    files: int
+    samples: int
+    tokens: int
+
+
+class PoolStatus(BaseModel):
+    step: int | None
+    checkpoint: CheckpointInfo | None
+    finished: bool
+    members: list[Member]
+    steps: list[StepStatus]
+    submissions: dict[str, int]
+    verdicts: dict[str, int]
+    contributions: list[Contribution]
+
+
+class Problem(BaseModel):
+    detail: str

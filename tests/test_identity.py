@@ -1,0 +1,181 @@
+"""Identities: key files, EIP-191 request signatures, and the header parser (hostile input)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import stat
+
+import pytest
+from coincurve import PublicKey
+from eth_hash.auto import keccak
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from swarmrl.identity import (
+    Identity,
+    KeyFileError,
+    SignatureError,
+    body_digest,
+    canonical_request,
+    generate_key_file,
+    load_identity,
+    parse_signed_headers,
+    recover_signer,
+    sign_request,
+)
+from swarmrl.identity.cli import register
+
+
+def test_key_file_is_owner_only_and_never_overwritten(tmp_path):
+    path = tmp_path / "worker.key"
+    identity = generate_key_file(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert load_identity(path).address == identity.address
+    before = path.read_bytes()
+    with pytest.raises(KeyFileError, match="refusing to overwrite"):
+        generate_key_file(path)
+    assert path.read_bytes() == before
+
+
+def test_keygen_command(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["keygen", "--out", str(tmp_path / "k")])
+    assert args.func(args) == 0
+    address = capsys.readouterr().out.strip()
+    assert load_identity(tmp_path / "k").address == address
+    assert args.func(args) == 1  # exists: refused
+    assert "refusing to overwrite" in capsys.readouterr().err
+
+
+def test_key_file_readable_by_others_is_refused(tmp_path):
+    path = tmp_path / "k"
+    generate_key_file(path)
+    os.chmod(path, 0o644)
+    with pytest.raises(KeyFileError, match="chmod 600"):
+        load_identity(path)
+
+
+@pytest.mark.parametrize("content", ["", "0x1234", "not hex at all", "0x" + "00" * 32])
+def test_malformed_key_file_is_refused(tmp_path, content):
+    path = tmp_path / "k"
+    path.write_text(content)
+    os.chmod(path, 0o600)
+    with pytest.raises(KeyFileError, match=str(path)):
+        load_identity(path)
+
+
+def test_signature_is_a_standard_eip191_signature():
+    """Checked with coincurve directly (not through eth-account): keccak of the EIP-191
+    prefix and the canonical text, public key recovered, address = last 20 bytes."""
+    identity = Identity.generate()
+    body = b'{"policy_step": 3}'
+    headers = sign_request(identity, "POST", "/v1/assignments?x=1", body_digest(body))
+    text = canonical_request(
+        "POST",
+        "/v1/assignments?x=1",
+        body_digest(body),
+        int(headers["X-Timestamp"]),
+        headers["X-Nonce"],
+    )
+    assert text.startswith("swarmrl/1\nPOST\n/v1/assignments?x=1\n")
+    message = text.encode()
+    digest = keccak(b"\x19Ethereum Signed Message:\n" + str(len(message)).encode() + message)
+    sig = bytes.fromhex(headers["X-Signature"][2:])
+    recoverable = sig[:64] + bytes([sig[64] - 27])
+    public = PublicKey.from_signature_and_message(recoverable, digest, hasher=None)
+    address = keccak(public.format(compressed=False)[1:])[-20:]
+    assert "0x" + address.hex() == identity.address.lower()
+    assert len(headers["X-Nonce"]) >= 32
+
+
+@pytest.mark.parametrize("field", ["method", "path", "body", "timestamp", "nonce"])
+def test_signature_covers_every_field(field):
+    identity = Identity.generate()
+    parts = {
+        "method": "POST",
+        "path": "/v1/heartbeat",
+        "body": body_digest(b"{}"),
+        "timestamp": 1_800_000_000,
+        "nonce": "ab" * 16,
+    }
+    headers = sign_request(
+        identity,
+        parts["method"],
+        parts["path"],
+        parts["body"],
+        timestamp=parts["timestamp"],
+        nonce=parts["nonce"],
+    )
+    signed = parse_signed_headers(headers)
+    changed = dict(parts)
+    changed[field] = {
+        "method": "PUT",
+        "path": "/v1/assignments",
+        "body": body_digest(b"{ }"),
+        "timestamp": 1_800_000_001,
+        "nonce": "cd" * 16,
+    }[field]
+    text = canonical_request(
+        changed["method"], changed["path"], changed["body"], changed["timestamp"], changed["nonce"]
+    )
+    assert recover_signer(text, signed.signature) != identity.address
+    same = canonical_request(*parts.values())
+    assert recover_signer(same, signed.signature) == identity.address
+
+
+# -- hostile input: the header parser and the canonical text --------------------------------
+
+
+HONEST = sign_request(Identity.from_hex("0x" + "11" * 32), "GET", "/v1/status", body_digest(b""))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    drop=st.sets(st.sampled_from(sorted(HONEST))),
+    replace=st.dictionaries(st.sampled_from(sorted(HONEST)), st.text(max_size=200), max_size=4),
+    extra=st.dictionaries(st.text(max_size=20), st.text(max_size=50), max_size=3),
+)
+def test_header_parser_never_crashes(drop, replace, extra):
+    headers = {k: v for k, v in HONEST.items() if k not in drop} | replace | extra
+    try:
+        signed = parse_signed_headers(headers)
+    except SignatureError:
+        return
+    assert signed.address.startswith("0x") and len(signed.signature) == 65
+
+
+@settings(max_examples=300, deadline=None)
+@given(position=st.integers(0, 200), char=st.characters(), key=st.sampled_from(sorted(HONEST)))
+def test_mutated_header_value_never_crashes(position, char, key):
+    value = HONEST[key]
+    mutated = value[: position % (len(value) + 1)] + char + value[position % (len(value) + 1) + 1 :]
+    try:
+        signed = parse_signed_headers(HONEST | {key: mutated})
+        text = canonical_request(
+            "GET", "/v1/status", body_digest(b""), signed.timestamp, signed.nonce
+        )
+        recover_signer(text, signed.signature)
+    except SignatureError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    method=st.text(max_size=10),
+    path=st.text(max_size=50),
+    digest=st.text(max_size=70),
+    timestamp=st.integers(-(2**70), 2**70),
+    nonce=st.text(max_size=140),
+    signature=st.binary(max_size=70),
+)
+def test_canonical_text_and_recovery_never_crash(method, path, digest, timestamp, nonce, signature):
+    try:
+        text = canonical_request(method, path, digest, timestamp, nonce)
+    except SignatureError:
+        return
+    assert text.count("\n") == 5
+    with contextlib.suppress(SignatureError):
+        recover_signer(text, signature)

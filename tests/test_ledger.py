@@ -1,0 +1,210 @@
+"""The ledger: migrations build exactly the models' schema, on SQLite and PostgreSQL, and
+the consistency check catches every kind of lost or double-counted record."""
+
+from __future__ import annotations
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import inspect, select
+
+from pool_fixtures import BACKENDS, ledger_url_for
+from swarmrl.ledger import (
+    Assignment,
+    Base,
+    Contribution,
+    Ledger,
+    LedgerError,
+    Member,
+    Submission,
+    Verdict,
+    check_ledger,
+)
+
+
+@pytest.fixture(params=BACKENDS)
+def ledger(request, tmp_path):
+    opened = Ledger(ledger_url_for(request.param, tmp_path))
+    yield opened
+    opened.close()
+
+
+def test_migrations_build_the_models_schema(ledger):
+    with ledger.engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    assert diff == []
+    tables = set(inspect(ledger.engine).get_table_names())
+    assert tables == set(Base.metadata.tables) | {"alembic_version"}
+
+
+def test_reopening_migrates_nothing_and_keeps_rows(ledger):
+    with ledger.session() as s:
+        s.add(
+            Member(
+                address="0x" + "1" * 40,
+                role="worker",
+                status="healthy",
+                registered_at=1.0,
+                lapses=0,
+            )
+        )
+    again = Ledger(ledger.url)
+    try:
+        with again.session() as s:
+            assert s.scalars(select(Member.address)).all() == ["0x" + "1" * 40]
+    finally:
+        again.close()
+
+
+def test_unreachable_or_malformed_ledger_url_is_a_clear_error(tmp_path):
+    with pytest.raises(LedgerError, match="not a database URL"):
+        Ledger("no such thing")
+    with pytest.raises(LedgerError, match="cannot open the ledger"):
+        Ledger("postgresql://nobody:secret@127.0.0.1:1/none")
+    with pytest.raises(LedgerError) as info:
+        Ledger("postgresql://nobody:secret@127.0.0.1:1/none")
+    assert "secret" not in str(info.value)  # the password is not echoed
+
+
+WORKER = "0x" + "a" * 40
+VALIDATOR = "0x" + "b" * 40
+
+
+def _healthy_ledger(s) -> None:
+    """Two assignments: one returned with an accepted, credited, trained file; one open."""
+    for address, role in ((WORKER, "worker"), (VALIDATOR, "validator")):
+        s.add(Member(address=address, role=role, status="healthy", registered_at=0.0, lapses=0))
+    s.flush()
+    for i, state in ((1, "returned"), (2, "issued")):
+        s.add(
+            Assignment(
+                id=i,
+                worker=WORKER,
+                step=0,
+                seed=i,
+                prompts=2,
+                group_size=2,
+                state=state,
+                issued_at=0.0,
+                deadline=10.0,
+            )
+        )
+    s.flush()
+    s.add(
+        Submission(
+            file_hash="f" * 64,
+            assignment_id=1,
+            worker=WORKER,
+            step=0,
+            stored_name="step_000000/" + "f" * 64 + ".parquet",
+            size=10,
+            num_samples=4,
+            num_nonzero=4,
+            num_tokens=8,
+            state="accepted",
+            to_validate=True,
+            uploaded_at=1.0,
+            trained_step=0,
+        )
+    )
+    s.flush()
+    s.add(
+        Verdict(
+            file_hash="f" * 64,
+            validator=VALIDATOR,
+            accepted=True,
+            reason="",
+            body="{}",
+            signed_text="",
+            signature="0x",
+            decided_at=2.0,
+        )
+    )
+    s.add(
+        Contribution(
+            file_hash="f" * 64, worker=WORKER, step=0, samples=4, tokens=8, credited_at=2.0
+        )
+    )
+
+
+def _break(s, fault: str) -> None:
+    sub = s.get(Submission, "f" * 64)
+    if fault == "returned without a submission":
+        s.get(Assignment, 2).state = "returned"
+    elif fault == "has a submission but is lapsed":
+        s.get(Assignment, 1).state = "lapsed"
+    elif fault == "is not credited":
+        s.delete(s.get(Contribution, "f" * 64))
+    elif fault == "is credited with other numbers":
+        s.get(Contribution, "f" * 64).samples = 8
+    elif fault == "rejected against its verdict":
+        sub.state = "rejected"
+        s.delete(s.get(Contribution, "f" * 64))
+    elif fault == "rejected submission":
+        s.get(Verdict, "f" * 64).accepted = False
+        sub.state = "rejected"
+        s.delete(s.get(Contribution, "f" * 64))
+    elif fault == "does not match assignment":
+        sub.step = 1
+    elif fault == "has a verdict but is still pending":
+        sub.state = "pending"
+        s.delete(s.get(Contribution, "f" * 64))
+
+
+FAULTS = [
+    "returned without a submission",
+    "has a submission but is lapsed",
+    "is not credited",
+    "is credited with other numbers",
+    "rejected against its verdict",
+    "rejected submission",
+    "does not match assignment",
+    "has a verdict but is still pending",
+]
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_consistency_check_finds_each_fault(ledger, fault):
+    with ledger.session() as s:
+        _healthy_ledger(s)
+    with ledger.session() as s:
+        assert check_ledger(s) == []
+        _break(s, fault)
+        s.flush()
+        problems = check_ledger(s)
+    assert any(fault in p for p in problems), problems
+
+
+def test_constraints_refuse_double_counting(ledger):
+    from sqlalchemy.exc import IntegrityError
+
+    with ledger.session() as s:
+        _healthy_ledger(s)
+    # A second submission for the same assignment, or a second credit for one file.
+    with pytest.raises(IntegrityError), ledger.session() as s:
+        s.add(
+            Submission(
+                file_hash="e" * 64,
+                assignment_id=1,
+                worker=WORKER,
+                step=0,
+                stored_name="step_000000/" + "e" * 64 + ".parquet",
+                size=10,
+                num_samples=4,
+                num_nonzero=4,
+                num_tokens=8,
+                state="pending",
+                to_validate=False,
+                uploaded_at=1.0,
+            )
+        )
+    with pytest.raises(IntegrityError), ledger.session() as s:
+        s.add(
+            Contribution(
+                file_hash="f" * 64, worker=WORKER, step=0, samples=4, tokens=8, credited_at=3.0
+            )
+        )
+    with pytest.raises(IntegrityError), ledger.session() as s:
+        s.get(Submission, "f" * 64).state = "lost"
+    with ledger.session() as s:
+        assert check_ledger(s) == []

@@ -1,0 +1,172 @@
+"""Hostile input to every parser of member-sent data: mutated honest request bodies,
+headers and rollout files, sent signed to a live orchestrator. Nothing may crash it
+(no 5xx), and the ledger stays consistent."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from pool_fixtures import make_pool, rollout_file, signed_raw
+from swarmrl.identity import body_digest, sign_request
+from swarmrl.protocol import models as api
+
+FUZZ = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    p = make_pool(tmp_path_factory.mktemp("fuzz"), rate_per_second=1000, rate_burst=1000)
+    p.trainer.announce_checkpoint(0, "ab" * 32)
+    yield p
+    assert p.ledger_problems() == []
+    p.stop()
+
+
+def mutate(data: bytes, edits: list[tuple[int, int, bytes]]) -> bytes:
+    """Apply (position, deleted length, inserted bytes) edits to data."""
+    out = bytearray(data)
+    for position, deleted, inserted in edits:
+        at = position % (len(out) + 1)
+        out[at : at + deleted] = inserted
+    return bytes(out)
+
+
+EDITS = st.lists(
+    st.tuples(st.integers(0, 10_000), st.integers(0, 4), st.binary(max_size=6)),
+    min_size=1,
+    max_size=4,
+)
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=30),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+# (method, path, who sends it, an honest body)
+ENDPOINTS = [
+    ("POST", "/v1/register", "worker", {"role": "worker"}),
+    ("POST", "/v1/heartbeat", "worker", {"policy_step": 0}),
+    ("POST", "/v1/assignments", "worker", {"policy_step": 0}),
+    ("POST", "/v1/submissions/trained", "trainer", {"step": 0, "file_hashes": ["0" * 64]}),
+    ("POST", "/v1/checkpoints", "trainer", {"step": 0, "blake3": "ab" * 32}),
+    ("POST", "/v1/verdicts", "validator", {"file_hash": "0" * 64, "accepted": True, "reason": ""}),
+    ("POST", "/v1/validation/next", "validator", {}),
+]
+MODELS = [
+    api.RegisterRequest,
+    api.HeartbeatRequest,
+    api.AssignmentRequest,
+    api.MarkTrainedRequest,
+    api.CheckpointAnnouncement,
+    api.VerdictRequest,
+]
+
+
+def _sender(pool, who):
+    return {"worker": pool.workers[0], "trainer": pool.trainer, "validator": pool.validator}[who]
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
+@settings(max_examples=200, deadline=None)
+@given(edits=EDITS, honest=st.sampled_from([e[3] for e in ENDPOINTS]))
+def test_request_models_parse_or_refuse(model, edits, honest):
+    data = mutate(json.dumps(honest).encode(), edits)
+    with contextlib.suppress(ValidationError):
+        model.model_validate_json(data)
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS, ids=lambda e: e[1])
+@FUZZ
+@given(edits=EDITS)
+def test_mutated_bodies_never_crash_the_server(pool, endpoint, edits):
+    method, path, who, honest = endpoint
+    body = mutate(json.dumps(honest).encode(), edits)
+    r = signed_raw(pool.url, _sender(pool, who).identity, method, path, body)
+    assert r.status_code < 500, r.text
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS, ids=lambda e: e[1])
+@FUZZ
+@given(
+    fields=st.dictionaries(
+        st.sampled_from(
+            [
+                "role",
+                "url",
+                "policy_step",
+                "step",
+                "file_hashes",
+                "blake3",
+                "final",
+                "file_hash",
+                "accepted",
+                "reason",
+                "seed",
+            ]
+        ),
+        JSON_VALUES,
+        max_size=4,
+    )
+)
+def test_wrong_field_values_never_crash_the_server(pool, endpoint, fields):
+    method, path, who, honest = endpoint
+    body = json.dumps(honest | fields).encode()
+    r = signed_raw(pool.url, _sender(pool, who).identity, method, path, body)
+    assert r.status_code < 500, r.text
+
+
+@FUZZ
+@given(
+    header=st.sampled_from(["X-Address", "X-Timestamp", "X-Nonce", "X-Signature"]),
+    value=st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126), max_size=140),
+)
+def test_mutated_signature_headers_never_crash_the_server(pool, header, value):
+    r = signed_raw(
+        pool.url, pool.workers[0].identity, "POST", "/v1/heartbeat", b"{}", headers={header: value}
+    )
+    assert r.status_code in (200, 401), r.text
+
+
+@FUZZ
+@given(query=st.text(max_size=40), segment=st.text(max_size=40))
+def test_mutated_paths_never_crash_the_server(pool, query, segment):
+    from urllib.parse import quote
+
+    path = f"/v1/submissions/{quote(segment, safe='')}/file?{quote(query, safe='=&')}"
+    r = signed_raw(pool.url, pool.trainer.identity, "GET", path)
+    assert r.status_code < 500, r.text
+
+
+@FUZZ
+@given(edits=EDITS)
+def test_mutated_rollout_files_never_crash_the_server(pool, edits):
+    worker = pool.workers[1]
+    open_ = getattr(pool, "fuzz_assignment", None)
+    if open_ is None:  # the last one was accepted: take the next (a later step once full)
+        status = httpx.get(pool.url + "/v1/status").json()
+        open_ = worker.assignment(status["step"]).assignment
+        if open_ is None:
+            pool.trainer.announce_checkpoint(status["step"] + 1, "ab" * 32)
+            open_ = worker.assignment(status["step"] + 1).assignment
+        pool.fuzz_assignment = open_
+    data = rollout_file(pool.tmp / "honest.parquet", worker.address, open_).read_bytes()
+    data = mutate(data, edits)
+    sha = body_digest(data)
+    path = f"/v1/assignments/{open_.id}/rollout?sha256={sha}"
+    headers = sign_request(worker.identity, "PUT", path, sha)
+    with httpx.Client(base_url=pool.url, timeout=60) as http:
+        r = http.put(path, content=data, headers=headers)
+    assert r.status_code in (201, 422), r.text
+    if r.status_code == 201:
+        pool.fuzz_assignment = None
