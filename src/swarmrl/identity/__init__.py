@@ -1,4 +1,4 @@
-"""Identities: secp256k1 keys with Ethereum-style addresses, and signed HTTP requests (DESIGN §4.5)."""
+"""Identities: secp256k1 keys with Ethereum-style addresses, and signed HTTP requests (docs/architecture.md §4.5)."""
 
 from swarmrl.identity.keys import Identity, KeyFileError, generate_key_file, load_identity
 from swarmrl.identity.signing import (

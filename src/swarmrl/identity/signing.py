@@ -1,7 +1,7 @@
 """Signed requests: every call to the orchestrator is signed by its sender's key.
 
 The signed text binds the method, the path with its query, the SHA-256 of the body, a
-timestamp and a nonce (DESIGN §4.5):
+timestamp and a nonce (docs/architecture.md §4.5):
 
     swarmrl/1\n<METHOD>\n<path with query>\n<sha256 hex of the body>\n<timestamp>\n<nonce>
 
