@@ -9,7 +9,7 @@
   trainer_done.json        written when the trainer has finished
   processes.json           `swarmrl run`'s processes: pid (= process group) and restarts
   checkpoints/step_<n>/    Hugging Face model directories (checkpoints.py writes them)
-  checkpoints/trainer_state/step_<n>.pt   the trainer's resume state
+  checkpoints/trainer_state/step_<n>/     the trainer's resume state (sharded, trainer/state.py)
   rollouts/step_<n>/       rollout files for training step n
   validator/verdicts.jsonl one verdict per judged rollout file
   logs/<process>.log       each process's output; logs/<worker>.jsonl per-file worker stats
