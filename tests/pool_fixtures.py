@@ -78,7 +78,8 @@ def rollout_file(path: Path, worker: str, assignment: api.AssignmentInfo, **meta
         "num_nonzero": n,
     } | meta
     rows = fields["num_samples"] if fields["num_samples"] > 0 else 1
-    return write_rollouts(path, rollout_columns(rows), RolloutMeta(**fields))
+    # model_construct: a hostile file may carry metadata the strict model would refuse.
+    return write_rollouts(path, rollout_columns(rows), RolloutMeta.model_construct(**fields))
 
 
 @dataclass

@@ -146,7 +146,7 @@ def _agrees(run: dict, ref: dict) -> bool:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    from tests.conftest import random_model
+    from helpers import random_model
 
     model, tok = random_model("qwen2", hidden=64, layers=2, seed=3)
     path = tmp_path_factory.mktemp("qwen2") / "model"
