@@ -40,7 +40,7 @@ import torch
 
 from swarmrl.checkpoints import load_policy, save_checkpoint
 from swarmrl.trainer import distributed
-from swarmrl.trainer.batches import Sample
+from swarmrl.trainer.batches import Sample, token_samples
 from swarmrl.trainer.update import UpdateSettings, rollout_update
 
 VOCAB = 32000
@@ -75,19 +75,12 @@ def build_model(path: Path) -> int:
 
 def _samples(n: int, prompt: int, completion: int) -> list[Sample]:
     rng = random.Random(0)
-    return [
-        Sample(
-            [rng.randrange(4, VOCAB) for _ in range(prompt)],
-            [rng.randrange(4, VOCAB) for _ in range(completion)],
-            rng.choice([-1.0, 1.0]),
-            0.0,
-            0.0,
-            0.0,
-            -1,
-            0,
-        )
-        for _ in range(n)
-    ]
+    prompts, completions, advantages = [], [], []
+    for _ in range(n):
+        prompts.append([rng.randrange(4, VOCAB) for _ in range(prompt)])
+        completions.append([rng.randrange(4, VOCAB) for _ in range(completion)])
+        advantages.append(rng.choice([-1.0, 1.0]))
+    return token_samples(prompts, completions, advantages)
 
 
 def _rss_mb() -> float:

@@ -28,7 +28,7 @@ from safetensors.torch import load_file
 from swarmrl.checkpoints import checkpoint_dir, list_checkpoints, load_policy
 from swarmrl.rollouts import RolloutMeta, write_rollouts
 from swarmrl.trainer import distributed, update
-from swarmrl.trainer.batches import Sample
+from swarmrl.trainer.batches import Sample, token_samples
 from swarmrl.trainer.distributed import Ranks
 from swarmrl.trainer.state import load_trainer_state, save_trainer_state
 from swarmrl.trainer.update import UpdateSettings, micro_batches, rollout_update
@@ -51,13 +51,15 @@ LR = 1e-3
 
 def _samples(vocab: int, n: int = 14, seed: int = 0) -> list[Sample]:
     rng = random.Random(seed)
-    out = []
+    prompts, completions, advantages = [], [], []
     for _ in range(n):
         prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(2, 6))]
         completion = [rng.randrange(3, vocab) for _ in range(rng.randint(1, 12))]
         advantage = rng.choice([-1.0, 1.0]) * rng.uniform(0.3, 1.5)
-        out.append(Sample(prompt, completion, advantage, 0.0, 0.0, 0.0, -1, 0))
-    return out
+        prompts.append(prompt)
+        completions.append(completion)
+        advantages.append(advantage)
+    return token_samples(prompts, completions, advantages)
 
 
 def _update(

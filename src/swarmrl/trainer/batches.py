@@ -65,6 +65,29 @@ class Sample:
         return self.rows.policy_step[self.index]
 
 
+def token_samples(
+    prompts: list[list[int]], completions: list[list[int]], advantages: list[float]
+) -> list[Sample]:
+    """Samples made from token ids alone, not read from a file (benchmarks and tests of
+    the update): zero rewards, no target length, policy step 0, no proofs."""
+    n = len(prompts)
+    rows = Rollouts(
+        problem_id=[str(i) for i in range(n)],
+        input_tokens=prompts,
+        output_tokens=completions,
+        output_logprobs=[[0.0] * len(c) for c in completions],
+        rewards=[0.0] * n,
+        task_rewards=[0.0] * n,
+        length_penalties=[0.0] * n,
+        advantages=list(advantages),
+        target_lengths=[-1] * n,
+        policy_step=[0] * n,
+        seed=list(range(n)),
+        proofs=[b""] * n,
+    )
+    return [Sample(rows, i) for i in range(n)]
+
+
 @dataclass
 class BatchCollector:
     """Accumulates usable groups for one step across calls, reading each file once."""
