@@ -11,9 +11,17 @@
   checkpoints/step_<n>/    Hugging Face model directories (checkpoints.py writes them)
   checkpoints/trainer_state/step_<n>.pt   the trainer's resume state
   rollouts/step_<n>/       rollout files for training step n
+  orchestrator/            ledger.db (SQLite ledger), rollouts/ (the store of uploaded
+                           files), secret, allowlist (the trusted roles' addresses)
+  keys/<role>.key          the trainer's, validator's and relays' keys
+  trainer/inbox/           uploaded files the trainer downloaded
+  validator/inbox/         uploaded files the validator downloaded
   validator/verdicts.jsonl one verdict per judged rollout file
   logs/<process>.log       each process's output; logs/<worker>.jsonl per-file worker stats
   shardcast/               the origin's and relays' stores
+<output_dir>/<run_name>.workers/worker-<i>/
+                           a worker's own folder, outside the run folder: its key,
+                           policy cache, outbox and stats.jsonl
 ```
 """
 
@@ -96,6 +104,50 @@ class RunFolder:
 
     def worker_stats(self, address: str) -> Path:
         return self.logs / f"{address}.jsonl"
+
+    @property
+    def orchestrator(self) -> Path:
+        return self.root / "orchestrator"
+
+    @property
+    def ledger(self) -> Path:
+        return self.orchestrator / "ledger.db"
+
+    @property
+    def store(self) -> Path:
+        return self.orchestrator / "rollouts"
+
+    @property
+    def secret(self) -> Path:
+        return self.orchestrator / "secret"
+
+    @property
+    def allowlist(self) -> Path:
+        return self.orchestrator / "allowlist"
+
+    @property
+    def keys(self) -> Path:
+        return self.root / "keys"
+
+    def key(self, role: str) -> Path:
+        return self.keys / f"{role}.key"
+
+    @property
+    def trainer_inbox(self) -> Path:
+        return self.root / "trainer" / "inbox"
+
+    @property
+    def validator_inbox(self) -> Path:
+        return self.validator / "inbox"
+
+    @property
+    def workers(self) -> Path:
+        """The workers' folders: beside the run folder, never inside it (a worker never
+        reads or writes the run folder)."""
+        return self.root.parent / f"{self.root.name}.workers"
+
+    def worker_dir(self, index: int) -> Path:
+        return self.workers / f"worker-{index}"
 
     @property
     def shardcast(self) -> Path:
