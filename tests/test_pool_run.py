@@ -18,7 +18,7 @@ from swarmrl.orchestrator.pool import read_allowlist
 from swarmrl.protocol import PoolClient
 from swarmrl.protocol.client import PoolRefused
 from swarmrl.run import (
-    _free_port,
+    free_port,
     orchestrator_role,
     pool_status,
     prepare_pool,
@@ -74,7 +74,7 @@ def test_the_supervised_orchestrator_admits_the_run_and_keeps_its_ledger_across_
 ):
     cfg = _cfg(tmp_path)
     keys = prepare_pool(cfg)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     sup = Supervisor(cfg.supervision, tmp_path / "processes.json", lambda line: None)
     try:

@@ -168,7 +168,7 @@ def _proof_figures(workers: Path) -> dict[str, float | None]:
     }
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -321,7 +321,7 @@ def wait_for_orchestrator(sup: Supervisor, url: str) -> None:
         time.sleep(0.2)
 
 
-def _roles(
+def pool_roles(
     cfg: RunConfig,
     start_model: Path,
     url: str,
@@ -548,10 +548,10 @@ def _run(cfg: RunConfig, console: Console, fresh: bool, supervisor: list[Supervi
     origin_root.mkdir(parents=True, exist_ok=True)
     origin_server = start_server(origin_root)
     # Fixed ports: a restarted orchestrator or relay comes back at the URL the others know.
-    port = cfg.pool.port or _free_port()
+    port = cfg.pool.port or free_port()
     url = f"http://127.0.0.1:{port}"
     server_urls = {"origin": origin_server.url}
-    relay_ports = [_free_port() for _ in range(cfg.shardcast.relays)]
+    relay_ports = [free_port() for _ in range(cfg.shardcast.relays)]
     for i, relay_port in enumerate(relay_ports):
         server_urls[f"relay-{i}"] = f"http://127.0.0.1:{relay_port}"
     console.print(f"orchestrator {url}; ledger {folder.ledger}")
@@ -563,7 +563,7 @@ def _run(cfg: RunConfig, console: Console, fresh: bool, supervisor: list[Supervi
     try:
         sup.start(orchestrator_role(cfg, port))
         wait_for_orchestrator(sup, url)
-        for role in _roles(cfg, start_model, url, keys, relay_ports, origin_server.url):
+        for role in pool_roles(cfg, start_model, url, keys, relay_ports, origin_server.url):
             sup.start(role)
         earlier = read_metrics(folder.metrics)
         shown = earlier[-1].step if earlier else -1
