@@ -54,11 +54,18 @@ def _trainer(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from swarmrl.identity import KeyFileError, load_identity
     from swarmrl.inference.worker import run_worker
+    from swarmrl.protocol import PoolRefused
 
     cfg = config_from_args(args)
-    written = run_worker(cfg, args.address)
-    print(f"worker {args.address}: wrote {written} rollout files", flush=True)
+    try:
+        identity = load_identity(args.key)
+        counts = run_worker(cfg, args.orchestrator, identity, args.workdir)
+    except (KeyFileError, PoolRefused) as exc:
+        print(f"swarmrl worker: {exc}", file=sys.stderr)
+        return 1
+    print(f"worker {identity.address}: {json.dumps(vars(counts))}", flush=True)
     return 0
 
 
@@ -123,12 +130,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_trainer)
 
-    p = sub.add_parser("worker", help="run one inference worker process of a run")
+    p = sub.add_parser(
+        "worker",
+        help="run one inference worker: take assignments from an orchestrator, upload rollouts",
+        description="Register with the orchestrator as a worker, fetch its checkpoints through "
+        "SHARDCAST, generate the assigned rollouts with their TOPLOC proofs and upload them; "
+        "stops when the run is finished. The sampling and task options must match the run's.",
+    )
     add_config_arguments(p)
+    p.add_argument("--orchestrator", required=True, help="the orchestrator's URL")
     p.add_argument(
-        "--address",
+        "--key",
+        type=Path,
         required=True,
-        help="this worker's address (names its rollout files and seeds its assignments)",
+        help="this worker's key file (`swarmrl keygen`); its address is the worker's identity",
+    )
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        required=True,
+        help="the worker's own folder: policy cache, outbox, stats.jsonl (never the run folder)",
     )
     p.set_defaults(func=_worker)
 
