@@ -599,6 +599,10 @@ def test_checkpoint_announcements(pool):
     hb = pool.workers[0].heartbeat(4)
     assert hb.finished and hb.checkpoint.step == 4
     assert pool.workers[0].assignment(4).reason == "the run is finished"
+    # A finished run resumed with more steps: the trainer announces the same checkpoint
+    # as not final, and work goes on.
+    pool.trainer.announce_checkpoint(4, "ef" * 32)
+    assert not pool.workers[0].heartbeat(4).finished
 
 
 def test_relays_register_and_are_announced(pool):

@@ -481,12 +481,18 @@ class Pool:
     def submissions_for_step(self, trainer: str, step: int) -> api.SubmissionList:
         with self.ledger.session() as s:
             self.member(s, trainer, ["trainer"])
-            rows = s.scalars(
-                select(Submission)
+            rows = s.execute(
+                select(Submission, Assignment.seed)
+                .join(Assignment, Assignment.id == Submission.assignment_id)
                 .where(Submission.step == step, Submission.state.in_(LIVE))
                 .order_by(Submission.uploaded_at, Submission.file_hash)
             ).all()
-            return api.SubmissionList(step=step, submissions=[_submission_info(r) for r in rows])
+            return api.SubmissionList(
+                step=step,
+                submissions=[
+                    _submission_info(r).model_copy(update={"seed": seed}) for r, seed in rows
+                ],
+            )
 
     def stored_file(self, reader: str, file_hash: str) -> tuple[str, int]:
         """(stored name, size) of a submission, for the trainer and validators only."""
@@ -568,7 +574,8 @@ class Pool:
             if known is not None:
                 if known.blake3 != req.blake3:
                     raise Refusal(409, f"checkpoint {req.step} was announced with another hash")
-                known.final = known.final or req.final
+                # The trainer's word: a finished run resumed with more steps goes on.
+                known.final = req.final
             elif newest is not None and req.step < newest:
                 raise Refusal(409, f"checkpoint {req.step} is older than the newest ({newest})")
             else:

@@ -88,6 +88,9 @@ class SubmissionInfo(BaseModel):
     num_tokens: int
     state: str
     trained_step: int | None = None
+    seed: int | None = Field(
+        None, description="the assignment's seed (in the trainer's list: it rebuilds the prompts)"
+    )
 
 
 class SubmissionList(BaseModel):
