@@ -20,6 +20,7 @@ from swarmrl.assignment import assign_from_seed
 from swarmrl.identity import Identity, generate_key_file
 from swarmrl.inference.worker import Uploader, WorkerCounts, WorkerHome, deliver_leftovers
 from swarmrl.protocol import PoolClient
+from swarmrl.protocol.membership import Membership
 from swarmrl.rollouts import read_rollouts
 from swarmrl.shardcast.origin import Origin
 from swarmrl.shardcast.server import start_server
@@ -320,4 +321,30 @@ def test_relay_refused_by_the_orchestrator_exits_with_the_reason(tmp_path):
         assert result.returncode == 1
         assert "not on the allowlist as a relay" in result.stderr
     finally:
+        pool.stop()
+
+
+def test_a_member_declared_dead_registers_again_and_keeps_beating(tmp_path):
+    pool = make_pool(tmp_path, heartbeat_seconds=0.2, unhealthy_after=1, dead_after=2)
+    identity = Identity.generate()
+    member = Membership(pool.url, identity, "worker", policy_step=lambda: 3)
+    try:
+        assert member.start().heartbeat_seconds == 0.2
+        member.stop()  # silent from now on: the orchestrator declares it dead
+
+        def status() -> str:
+            return next(
+                m.status for m in pool.trainer.status().members if m.address == identity.address
+            )
+
+        deadline = time.monotonic() + 30
+        while status() != "dead":
+            assert time.monotonic() < deadline, "never declared dead"
+            time.sleep(0.1)
+        # The same key back (a restarted worker): its first heartbeat registers it again.
+        member = Membership(pool.url, identity, "worker", policy_step=lambda: 3)
+        assert member.beat().heartbeat_seconds == 0.2
+        assert status() == "healthy"
+    finally:
+        member.stop()
         pool.stop()

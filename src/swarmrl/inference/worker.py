@@ -5,9 +5,10 @@ The worker lives in its own directory (`--workdir`, never the run folder): its k
 policy cache (`policies/`), its outbox (`outbox/`) and its per-file stats
 (`stats.jsonl`). Everything else comes from the orchestrator:
 
-1. Register as a worker and heartbeat from a background thread (`Membership`). Each
-   answer says the current step, the async bound, the newest checkpoint and its BLAKE3,
-   the relays, the trainer's origin, and whether the run is finished.
+1. Register as a worker and heartbeat from a background thread (`Membership`), and once
+   more before each request for work. Each answer says the current step, the async
+   bound, the newest checkpoint and its BLAKE3, the relays, the trainer's origin, and
+   whether the run is finished.
 2. When a newer checkpoint is announced, fetch it through SHARDCAST from the relays (the
    origin if no relay is registered), check it is the announced one and load it. A policy
    it cannot fetch or load (a relay still mirroring it, a bad shard) is retried with a
@@ -285,7 +286,14 @@ def run_worker(
     finisher = FileFinisher(on_written)
     try:
         while True:
-            view = member.view() or view
+            # A fresh view before each assignment: a worker that learns of a new checkpoint
+            # only from its periodic heartbeat generates with a staler policy, and
+            # staleness costs learning (see the async bound in docs/architecture.md).
+            try:
+                view = member.beat()
+            except Exception as exc:  # noqa: BLE001 - the heartbeat thread keeps retrying
+                log.warning("heartbeat failed (%s); going by the last answer", exc)
+                view = member.view() or view
             if view.finished:
                 break
             announced = view.checkpoint
@@ -316,11 +324,6 @@ def run_worker(
             if work is None:
                 log.debug("no assignment: %s", answer.reason)
                 time.sleep(answer.retry_seconds or cfg.worker.poll_seconds)
-                # A fresh view now: a new checkpoint or the run's end is what it waits for.
-                try:
-                    view = member.beat()
-                except Exception as exc:  # noqa: BLE001 - the heartbeat thread retries
-                    log.warning("heartbeat failed (%s)", exc)
                 continue
             batch = generate_rollouts(
                 model,
