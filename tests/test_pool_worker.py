@@ -18,10 +18,18 @@ from helpers import random_model
 from pool_fixtures import make_pool, rollout_file
 from swarmrl.assignment import assign_from_seed
 from swarmrl.identity import Identity, generate_key_file
-from swarmrl.inference.worker import Uploader, WorkerCounts, WorkerHome, deliver_leftovers
+from swarmrl.inference.worker import (
+    PolicySource,
+    Uploader,
+    WorkerCounts,
+    WorkerHome,
+    deliver_leftovers,
+)
 from swarmrl.protocol import PoolClient
+from swarmrl.protocol import models as api
 from swarmrl.protocol.membership import Membership
 from swarmrl.rollouts import read_rollouts
+from swarmrl.shardcast.client import FetchError, VersionUnavailableError
 from swarmrl.shardcast.origin import Origin
 from swarmrl.shardcast.server import start_server
 from swarmrl.tasks.arithmetic import ArithmeticTask
@@ -348,3 +356,22 @@ def test_a_member_declared_dead_registers_again_and_keeps_beating(tmp_path):
     finally:
         member.stop()
         pool.stop()
+
+
+def test_policy_loaded_only_with_the_announced_bytes(tmp_path):
+    origin = Origin(tmp_path / "origin", shard_size=64 * 1024)
+    published = origin.publish(0, _model_dir(tmp_path / "m0", 0))
+    server = start_server(origin.root)
+    try:
+        source = PolicySource(tmp_path / "w" / "policies")
+        forged = api.CheckpointInfo(step=0, blake3="ab" * 32)
+        with pytest.raises(FetchError, match="the orchestrator announced abab"):
+            source.load([server.url], forged)
+        assert not (tmp_path / "w" / "policies" / "v0").exists()
+        with pytest.raises(VersionUnavailableError):
+            source.load([server.url], api.CheckpointInfo(step=1, blake3=published.blake3))
+        model, tok = source.load([server.url], api.CheckpointInfo(step=0, blake3=published.blake3))
+        assert model.config.hidden_size == 64 and tok.eos_token_id is not None
+        assert source.bytes_by_server == {server.url: published.file_size}
+    finally:
+        server.stop()

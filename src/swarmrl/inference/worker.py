@@ -51,7 +51,7 @@ from swarmrl.protocol import PoolClient, PoolRefused
 from swarmrl.protocol import models as api
 from swarmrl.protocol.membership import Membership, retryable
 from swarmrl.rollouts import RolloutMeta
-from swarmrl.shardcast.client import FetchError, fetch
+from swarmrl.shardcast.client import FetchError, VersionUnavailableError, fetch
 from swarmrl.shardcast.discovery import resolve_version
 from swarmrl.tasks.registry import build_task
 
@@ -59,6 +59,8 @@ log = logging.getLogger("swarmrl.worker")
 
 # What fetching or loading a policy can raise that is worth a later retry.
 POLICY_TROUBLE = (OSError, RuntimeError, ValueError)
+# How long an announced checkpoint may be missing from the relays before it is trouble.
+UNLISTED_GRACE_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -268,6 +270,7 @@ def run_worker(
     # on every poll; meanwhile the worker generates with the policy it holds.
     failures = 0
     retry_at = 0.0
+    unlisted_since: float | None = None
 
     def trouble(what: str, exc: Exception) -> None:
         nonlocal failures, retry_at
@@ -306,7 +309,17 @@ def run_worker(
                     model, tok = source.load(policy_servers(view), announced)
                     policy_step = announced.step
                     failures = 0
+                    unlisted_since = None
                     log.info("loaded policy step %d", policy_step)
+                except VersionUnavailableError as exc:
+                    # Relays list a checkpoint once they mirrored it, a moment after it
+                    # was announced: look again soon, and only long waits are trouble.
+                    now = time.monotonic()
+                    unlisted_since = unlisted_since or now
+                    if now - unlisted_since > UNLISTED_GRACE_SECONDS:
+                        trouble(f"policy {announced.step} is still not listed", exc)
+                    else:
+                        retry_at = now + cfg.worker.poll_seconds
                 except POLICY_TROUBLE as exc:
                     trouble(f"could not fetch policy {announced.step}", exc)
             if model is None or tok is None:
