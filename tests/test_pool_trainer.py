@@ -49,8 +49,11 @@ class Pool:
         self.tmp = tmp
         self.cfg = self.config(steps)
         self.trainer_key = Identity.generate()
+        self.validator_key = Identity.generate()
         allowlist = tmp / "allowlist"
-        allowlist.write_text(f"{self.trainer_key.address} trainer\n")
+        allowlist.write_text(
+            f"{self.trainer_key.address} trainer\n{self.validator_key.address} validator\n"
+        )
         self.orch_config = OrchestratorConfig(
             ledger=f"sqlite:///{tmp / 'ledger.db'}",
             store=str(tmp / "store"),
@@ -216,6 +219,24 @@ def test_inflated_advantages_are_trained_with_the_recomputed_values(pool, model_
     assert view.checkpoint.step == 1 and view.finished
     listed = trainer.origin.store.listed()
     assert view.checkpoint.blake3 == listed[1].blake3
+
+
+def test_a_file_rejected_after_it_was_read_is_not_trained(pool, model_dir):
+    trainer = pool.trainer(model_dir, steps=1)
+    issued = [pool.worker.assignment(0).assignment for _ in range(2)]
+    first, _ = pool.honest_upload(0, issued[0])
+    second, _ = pool.honest_upload(0, issued[1])
+    collector = trainer.source.open_step(0)
+    collector.poll()
+    read = set(collector.files.values())
+    assert {first.file_hash, second.file_hash} <= read
+    validator = PoolClient(pool.server.url, pool.validator_key)
+    validator.register("validator")
+    validator.post_verdict(first.file_hash, False, "rejected: toploc: sample 0")
+    assert collector.drop_withdrawn() > 0
+    used = collector.files_of(collector.take(10**6))
+    assert first.file_hash not in used and second.file_hash in used
+    assert collector.drop_withdrawn() == 0
 
 
 def test_group_advantages_are_recomputed_from_verified_rewards():

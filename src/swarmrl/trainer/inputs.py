@@ -40,6 +40,9 @@ class StepCollector(Protocol):
     def report(self, full: bool = False) -> None:
         """Tell the pool the step's count (`full`: the trainer needs no more for it)."""
 
+    def drop_withdrawn(self) -> int:
+        """Forget samples of files withdrawn since they were read; the samples dropped."""
+
     def files_of(self, samples: list[Sample]) -> list[str]:
         """The hashes of the files `samples` came from."""
 

@@ -74,6 +74,22 @@ class PoolStepCollector(BatchCollector):
         if new:
             self.report()
 
+    def drop_withdrawn(self) -> int:
+        """Forget the groups of files no longer live (rejected by a validator, or voided,
+        since they were read); returns the samples dropped."""
+        assert self.client is not None
+        live = {sub.file_hash for sub in self.client.submissions_for_step(self.step).submissions}
+        kept = [g for g in self.groups if self.files[id(g[0].rows)] in live]
+        dropped = sum(map(len, self.groups)) - sum(map(len, kept))
+        if dropped:
+            log.warning(
+                "step %d: %d samples dropped: their files were withdrawn after being read",
+                self.step,
+                dropped,
+            )
+        self.groups = kept
+        return dropped
+
     def report(self, full: bool = False) -> None:
         """The trainer's own count of the step, to the orchestrator (best effort: the next
         poll reports again)."""

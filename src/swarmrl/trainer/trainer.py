@@ -9,8 +9,8 @@ Per rollout step n (checkpoint n is the newest published):
    than trusting the inference engine's numbers);
 3. take `optimizer_steps` AdamW steps over minibatches with the GRPO loss (`loss.py`)
    and gradient-norm clipping;
-4. mark the files used as trained in the ledger, write checkpoint n+1 atomically, with
-   the optimizer state and this step's metrics, publish it through the SHARDCAST origin
+4. (marking the files used as trained in the ledger first) write checkpoint n+1
+   atomically, with the optimizer state and this step's metrics, publish it through the SHARDCAST origin
    and announce it (step, BLAKE3) to the orchestrator (`final` for the last), then
    append the metrics line and prune old checkpoints.
 
@@ -199,7 +199,10 @@ class Trainer:
         reported = -1
         while True:
             collector.poll()
-            if collector.usable >= self.cfg.trainer.batch_samples:
+            if (
+                collector.usable >= self.cfg.trainer.batch_samples
+                and collector.drop_withdrawn() == 0
+            ):
                 collector.report(full=True)
                 return (
                     collector.take(self.cfg.trainer.batch_samples),
@@ -280,6 +283,10 @@ class Trainer:
             n = self.step
             t0 = time.perf_counter()
             samples, collector, waited = self.collect(n)
+            if self.client is not None:
+                # Before training: a trainer killed after this trains step n again and
+                # reports the same step, which the ledger counts once.
+                self.client.mark_trained(n, collector.files_of(samples))
             distributed.broadcast(self.ranks, samples)
             t1 = time.perf_counter()
             stats = self.train_step(samples)
@@ -309,10 +316,6 @@ class Trainer:
                 step_seconds=round(time.perf_counter() - t0, 4),
                 tokens_per_second=stats["trained_tokens"] / max(train_seconds, 1e-9),
             )
-            if self.client is not None:
-                # Before the checkpoint: a trainer killed in between trains step n again
-                # and reports the same step, which the ledger counts once.
-                self.client.mark_trained(n, collector.files_of(samples))
             self._save(n + 1, record.model_dump())
             self._publish(n + 1, final=n + 1 >= tc.steps)
             with open(self.metrics_path, "a") as fh:

@@ -60,8 +60,9 @@ def verdict_counts(run_dir: Path) -> dict[str, int]:
 
 
 def policy_servers(view: api.HeartbeatResponse) -> list[str]:
-    """Where to fetch checkpoints: the healthy relays, else the trainer's origin."""
-    return list(view.relays) or ([view.origin] if view.origin else [])
+    """Where to fetch checkpoints: the healthy relays and the trainer's origin (which
+    holds a new version first, and old ones a relay may have dropped)."""
+    return [*view.relays, *([view.origin] if view.origin else [])]
 
 
 @dataclass
