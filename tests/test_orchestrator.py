@@ -8,6 +8,7 @@ import threading
 import time
 
 import httpx
+import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
 
@@ -369,7 +370,11 @@ def test_upload_for_another_workers_assignment_is_refused(pool):
 )
 def test_file_whose_metadata_disagrees_with_its_assignment_is_refused(pool, field, value):
     worker, a = _assignment(pool)
-    path = rollout_file(pool.tmp / "f.parquet", worker.address, a, **{field: value})
+    path = rollout_file(pool.tmp / "f.parquet", worker.address, a)
+    # Written as an attacker would: the metadata as raw JSON, past the writer's own checks.
+    table = pq.read_table(path)
+    meta = json.loads(table.schema.metadata[b"swarmrl"]) | {field: value}
+    pq.write_table(table.replace_schema_metadata({b"swarmrl": json.dumps(meta).encode()}), path)
     before = pool.ledger_state()
     detail = refused(lambda: worker.upload(a.id, path), 422)
     assert field in detail
