@@ -48,6 +48,7 @@ from swarmrl.checkpoints import (
 )
 from swarmrl.config import RunConfig
 from swarmrl.protocol import PoolClient
+from swarmrl.protocol.membership import Membership
 from swarmrl.rollouts import RolloutBounds
 from swarmrl.tasks.registry import build_task
 from swarmrl.trainer import distributed
@@ -125,6 +126,7 @@ class Trainer:
             random.seed(tc.seed)
             torch.manual_seed(tc.seed)
         self.origin = None
+        self.membership: Membership | None = None
         if client is not None and not cfg.shardcast.enabled:
             raise ValueError(
                 "workers fetch checkpoints through SHARDCAST in a pool: set shardcast.enabled"
@@ -142,8 +144,17 @@ class Trainer:
                 keep=max(cfg.shardcast.keep, cfg.async_level + 1),
                 shard_size=cfg.shardcast.shard_size,
             )
-        if client is not None:
-            client.register("trainer", url=origin_url)
+        if client is not None and client.identity is not None:
+            # Registered with the origin's URL, and alive to the orchestrator between
+            # its requests (a long step must not get the trainer declared dead).
+            self.membership = Membership(
+                client.url,
+                client.identity,
+                "trainer",
+                member_url=origin_url,
+                policy_step=lambda: self.step,
+            )
+            self.membership.start()
         self._publish(latest, final=latest >= tc.steps)
 
     def _publish(self, step: int, final: bool = False) -> None:
@@ -327,4 +338,6 @@ class Trainer:
         self.folder.trainer_done.write_text(
             json.dumps({"final_step": self.step, "time": time.time()})
         )
+        if self.membership is not None:
+            self.membership.stop()
         distributed.leave(self.ranks)

@@ -37,6 +37,7 @@ from swarmrl.config import RunConfig
 from swarmrl.jsonl import read_jsonl
 from swarmrl.protocol import PoolClient, PoolRefused, PoolUnreachable
 from swarmrl.protocol import models as api
+from swarmrl.protocol.membership import Membership
 from swarmrl.rollouts import AssignmentKey, RolloutFileError, SeenFiles, read_meta
 from swarmrl.runfolder import RunFolder
 from swarmrl.shardcast.client import fetch
@@ -141,37 +142,44 @@ def judge_submission(
 def run_validator(cfg: RunConfig, client: PoolClient) -> dict[str, int]:
     """Judge what the orchestrator hands out until the run is finished; returns the
     verdict counts."""
+    assert client.identity is not None
     torch.set_num_threads(cfg.validator.threads)
     settings = ValidatorSettings(toploc=TOPLOC_PRESETS[cfg.validator.toploc])
     policies = _Policies(cfg.folder.validator / "policies")
     task = build_task(cfg.task)  # once: a user's task re-reads its problem file when built
     out_path = cfg.folder.verdicts
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    client.register("validator")
-    while True:
-        try:
-            view = client.heartbeat()
+    # Heartbeats from a thread: judging one file may take longer than the orchestrator
+    # waits before it declares a silent member dead.
+    membership = Membership(client.url, client.identity, "validator")
+    view = membership.start()
+    try:
+        while True:
+            view = membership.view() or view
             policies.servers = policy_servers(view)
-            handed = client.next_for_validation()
-        except PoolUnreachable as exc:
-            log.warning("%s; trying again", exc)
-            continue
-        if handed.submission is None:
-            if view.finished:
-                return verdict_counts(cfg.run_dir)
-            time.sleep(cfg.validator.poll_seconds)
-            continue
-        try:
-            record = judge_submission(client, handed, cfg, policies, settings, task)
-        except (PoolRefused, PoolUnreachable) as exc:
-            log.warning("submission %s: %s", handed.submission.file_hash, exc)
-            continue
-        with open(out_path, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
-        quiet = record["status"] in (Status.ACCEPTED.value, Status.SKIPPED.value)
-        log.log(
-            logging.INFO if quiet else logging.WARNING,
-            "%s: %s",
-            handed.submission.file_hash[:12],
-            record["reason"],
-        )
+            try:
+                handed = client.next_for_validation()
+            except PoolUnreachable as exc:
+                log.warning("%s; trying again", exc)
+                continue
+            if handed.submission is None:
+                if view.finished:
+                    return verdict_counts(cfg.run_dir)
+                time.sleep(cfg.validator.poll_seconds)
+                continue
+            try:
+                record = judge_submission(client, handed, cfg, policies, settings, task)
+            except (PoolRefused, PoolUnreachable) as exc:
+                log.warning("submission %s: %s", handed.submission.file_hash, exc)
+                continue
+            with open(out_path, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+            quiet = record["status"] in (Status.ACCEPTED.value, Status.SKIPPED.value)
+            log.log(
+                logging.INFO if quiet else logging.WARNING,
+                "%s: %s",
+                handed.submission.file_hash[:12],
+                record["reason"],
+            )
+    finally:
+        membership.stop()
