@@ -157,23 +157,20 @@ class Uploader:
         while True:
             try:
                 info = self.client.upload(assignment_id, path)
-            except PoolRefused as exc:
-                if exc.status >= 500:
+            except Exception as exc:
+                if retryable(exc):
                     failures += 1
                     if self._wait_or_give_up(path, failures, deadline, exc):
                         return False
                     continue
+                if not isinstance(exc, PoolRefused):
+                    raise
+                # Also the answer to a retry of an upload whose reply was lost: the
+                # orchestrator already holds the file, and its assignment is closed.
                 log.warning("upload of %s refused, dropping it: %s", path.name, exc)
                 self.counts.refused += 1
                 path.unlink(missing_ok=True)
                 return False
-            except Exception as exc:
-                if not retryable(exc):
-                    raise
-                failures += 1
-                if self._wait_or_give_up(path, failures, deadline, exc):
-                    return False
-                continue
             log.info(
                 "uploaded assignment %d (step %d, %d samples, %d usable): %s",
                 assignment_id,
