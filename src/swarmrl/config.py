@@ -240,6 +240,11 @@ class PoolConfig(_Section):
         gt=0,
         description="interval members heartbeat at (a worker learns of a new checkpoint or the run's end from its heartbeat)",
     )
+    dead_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="silence after which a member is declared dead (its open assignments are reissued); half of it makes it unhealthy. Generous: on a loaded machine a busy process's heartbeats come late",
+    )
     assignment_seconds: float = Field(
         300.0,
         gt=0,

@@ -28,6 +28,7 @@ verdict counts, the ledger's consistency and the restarts of each process.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -290,6 +291,10 @@ def orchestrator_role(cfg: RunConfig, port: int) -> Role:
         str(cfg.validator.fraction),
         "--heartbeat-seconds",
         str(cfg.pool.heartbeat_seconds),
+        "--unhealthy-after",
+        str(max(1, math.ceil(cfg.pool.dead_seconds / 2 / cfg.pool.heartbeat_seconds))),
+        "--dead-after",
+        str(max(1, math.ceil(cfg.pool.dead_seconds / cfg.pool.heartbeat_seconds))),
         "--assignment-seconds",
         str(cfg.pool.assignment_seconds),
     ]
