@@ -123,7 +123,7 @@ class WorkerConfig(_Section):
 class ShardcastConfig(_Section):
     enabled: bool = Field(
         True,
-        description="broadcast checkpoints through a SHARDCAST origin and relays (workers fetch from the relays); off = workers read the checkpoint folder",
+        description="the trainer publishes checkpoints through a SHARDCAST origin; workers and the validator fetch them only that way, so a pool needs it on",
     )
     relays: int = Field(
         1,
@@ -136,9 +136,6 @@ class ShardcastConfig(_Section):
     keep: int = Field(4, ge=1, description="versions the origin keeps listed")
     poll_seconds: float = Field(
         0.2, gt=0, description="how often a relay checks its upstream for new versions"
-    )
-    servers: list[str] = Field(
-        [], description="server URLs workers fetch checkpoints from (`swarmrl run` fills this in)"
     )
 
 

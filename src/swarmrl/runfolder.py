@@ -10,14 +10,13 @@
   processes.json           `swarmrl run`'s processes: pid (= process group) and restarts
   checkpoints/step_<n>/    Hugging Face model directories (checkpoints.py writes them)
   checkpoints/trainer_state/step_<n>.pt   the trainer's resume state
-  rollouts/step_<n>/       rollout files for training step n
   orchestrator/            ledger.db (SQLite ledger), rollouts/ (the store of uploaded
                            files), secret, allowlist (the trusted roles' addresses)
   keys/<role>.key          the trainer's, validator's and relays' keys
   trainer/inbox/           uploaded files the trainer downloaded
   validator/inbox/         uploaded files the validator downloaded
   validator/verdicts.jsonl one verdict per judged rollout file
-  logs/<process>.log       each process's output; logs/<worker>.jsonl per-file worker stats
+  logs/<process>.log       each process's output (written by `swarmrl run`)
   shardcast/               the origin's and relays' stores
 <output_dir>/<run_name>.workers/worker-<i>/
                            a worker's own folder, outside the run folder: its key,
@@ -82,6 +81,8 @@ class RunFolder:
 
     @property
     def rollouts(self) -> Path:
+        """Not written by any role of a pool (files travel as uploads); tests use it as a
+        place for rollout files named by step."""
         return self.root / "rollouts"
 
     def rollout_step(self, step: int) -> Path:
@@ -101,9 +102,6 @@ class RunFolder:
 
     def log(self, process: str) -> Path:
         return self.logs / f"{process}.log"
-
-    def worker_stats(self, address: str) -> Path:
-        return self.logs / f"{address}.jsonl"
 
     @property
     def orchestrator(self) -> Path:
@@ -152,6 +150,3 @@ class RunFolder:
     @property
     def shardcast(self) -> Path:
         return self.root / "shardcast"
-
-    def worker_cache(self, address: str) -> Path:
-        return self.root / "worker_cache" / address
