@@ -301,9 +301,9 @@ class Pool:
             .order_by(Step.step.desc())
             .limit(YIELD_STEPS)
         ).all()
-        read = sum(r for _, r in reported)
+        read = sum(r or 0 for _, r in reported)
         if read:
-            return sum(u for u, _ in reported) / read
+            return sum(u or 0 for u, _ in reported) / read
         recent = s.execute(
             select(Submission.num_nonzero, Submission.num_samples)
             .order_by(Submission.uploaded_at.desc())

@@ -34,7 +34,7 @@ class PoolStepCollector(BatchCollector):
     inbox: Path = Path()
     rescorer: Rescorer | None = None
     batch_samples: int = 0
-    files: dict[str, str] = field(default_factory=dict)  # id(rows) → file hash
+    files: dict[int, str] = field(default_factory=dict)  # id(rows) → file hash
     processed: list[str] = field(default_factory=list)  # every file hash read or refused
 
     @property

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -59,7 +60,7 @@ class Rescorer:
 
     cfg: RunConfig
     task: Task
-    tokenizer: object
+    tokenizer: Any  # a Hugging Face tokenizer
     seeds: dict[str, int] = field(default_factory=dict)  # file name → assignment seed
     mismatched: list[tuple[str, str]] = field(default_factory=list)
 
