@@ -10,9 +10,9 @@ Per rollout step n (checkpoint n is the newest published):
 3. take `optimizer_steps` AdamW steps over minibatches with the GRPO loss (`loss.py`)
    and gradient-norm clipping;
 4. (marking the files used as trained in the ledger first) write checkpoint n+1
-   atomically, with the optimizer state and this step's metrics, publish it through the SHARDCAST origin
-   and announce it (step, BLAKE3) to the orchestrator (`final` for the last), then
-   append the metrics line and prune old checkpoints.
+   atomically, with the optimizer state and this step's metrics, publish it through
+   the SHARDCAST origin and announce it (step, BLAKE3) to the orchestrator (`final`
+   for the last), then append the metrics line and prune old checkpoints.
 
 One process, or N ranks under torchrun (distributed.py): rank 0 collects the batch and
 hands it to every rank, each rank trains on its share with FSDP2 shards (update.py),
