@@ -44,22 +44,28 @@ def measure(run_dir: Path, target: Path, warm: Path) -> dict:
     """In this process: warm up on `warm`, then judge `target` once; time and peak memory."""
     import torch
 
+    from swarmrl.checkpoints import checkpoint_dir, load_policy
     from swarmrl.config import load_config
     from swarmrl.rollouts import SeenFiles
     from swarmrl.tasks.registry import build_task
     from swarmrl.validator import ValidatorSettings, judge_file
-    from swarmrl.validator.service import _Policies
 
     torch.set_num_threads(1)
     cfg = load_config(run_dir / "config.json")
-    policies = _Policies(cfg.folder.checkpoints)
+    loaded: dict[int, tuple] = {}
+
+    def policy(step: int) -> tuple:
+        if step not in loaded:
+            loaded[step] = load_policy(checkpoint_dir(cfg.folder.checkpoints, step))
+        return loaded[step]
+
     task = build_task(cfg.task)
     settings = ValidatorSettings()
-    judge_file(warm, cfg, policies.get, settings, SeenFiles(), task)
+    judge_file(warm, cfg, policy, settings, SeenFiles(), task)
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak resident set (VmHWM)
     before = _rss("VmRSS")
     start = time.perf_counter()
-    verdict = judge_file(target, cfg, policies.get, settings, SeenFiles(), task)
+    verdict = judge_file(target, cfg, policy, settings, SeenFiles(), task)
     seconds = time.perf_counter() - start
     return {
         "status": verdict.status.value,

@@ -3,8 +3,8 @@ trainer's collector.
 
 Each finding is built as an attacker would, with the project's own writer or with
 pyarrow directly, and sent through the real `swarmrl validate` command, the validator
-process's judging (and, once, the real `swarmrl validator` process) and the trainer's
-``BatchCollector``. A hypothesis property test then mutates honest files at random
+process's judging and the trainer's ``BatchCollector`` with its rescoring; the real
+`swarmrl validator` process judges what a real orchestrator hands it. A hypothesis property test then mutates honest files at random
 (any column, type, length, metadata field or byte): the answer is always accepted,
 rejected or unusable, never an exception.
 """
@@ -12,6 +12,7 @@ rejected or unusable, never an exception.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -29,7 +30,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from swarmrl.assignment import assign
+from swarmrl.assignment import assign, assign_from_seed
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import RunConfig, load_config
 from swarmrl.inference.rollout import generate_rollouts
@@ -43,16 +44,19 @@ from swarmrl.rollouts import (
     RolloutMeta,
     Rollouts,
     SeenFiles,
+    read_meta,
     write_rollouts,
 )
 from swarmrl.runfolder import step_name
 from swarmrl.tasks.registry import build_task
 from swarmrl.trainer.batches import BatchCollector
+from swarmrl.trainer.rescoring import Rescorer
 from swarmrl.validator import Status, ValidatorSettings, checks, judge_file, validate_file
 from swarmrl.validator import cli as validator_cli
 from swarmrl.validator.prefill import TokenStats
 from swarmrl.validator.sampling import ReplayResult, replay, sample_uniforms
-from swarmrl.validator.service import _Policies, read_verdicts
+from swarmrl.validator.service import read_verdicts
+from swarmrl.validator.verdict import file_seed
 
 ADDRESS = "0xworker"
 VERDICTS = {Status.ACCEPTED, Status.REJECTED, Status.UNUSABLE}
@@ -187,16 +191,25 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
-def collect(run: Run, cfg: RunConfig) -> BatchCollector:
-    collector = BatchCollector(cfg.folder.rollout_step(0), 0, cfg.async_level, bounds=run.bounds)
-    collector.poll()
+def collect(run: Run, cfg: RunConfig, folder: Path | None = None) -> BatchCollector:
+    """The trainer's collector and rescoring over a folder's files in arrival order, each
+    with the seed its assignment had (offline: from the run seed, address and counter)."""
+    folder = folder or cfg.folder.rollout_step(0)
+    collector = BatchCollector(0, cfg.async_level, bounds=run.bounds)
+    rescorer = Rescorer(cfg, run.task, run.tok)
+    paths = sorted(folder.glob("*.parquet"), key=lambda p: (p.stat().st_mtime_ns, p.name))
+    for path in paths:
+        # A file without readable metadata gets no seed (the reader refuses it anyway).
+        with contextlib.suppress(Exception):
+            rescorer.seeds[path.name] = file_seed(cfg, read_meta(path))
+        collector.add_file(path, rescore=rescorer)
     return collector
 
 
 def service_verdict(run: Run, cfg: RunConfig, path: Path):
     """What the validator process decides for one file (its judging function, its policies)."""
     return judge_file(
-        path, cfg, _Policies(cfg.folder.checkpoints).get, ValidatorSettings(), SeenFiles(), run.task
+        path, cfg, lambda _step: (run.model, run.tok), ValidatorSettings(), SeenFiles(), run.task
     )
 
 
@@ -301,8 +314,7 @@ def test_each_finding_is_unusable_with_one_line_everywhere(run, tmp_path, capsys
     verdict = service_verdict(run, cfg, path)
     assert verdict.status == Status.UNUSABLE and reason in verdict.reason, verdict.reason
     # The trainer's collector: rejected before anything of it enters a batch.
-    collector = BatchCollector(path.parent, 0, cfg.async_level, bounds=run.bounds)
-    collector.poll()
+    collector = collect(run, cfg, path.parent)
     assert collector.groups == [] and collector.all_rewards == []
     assert [p for p, _ in collector.rejected] == [str(path)]
     assert reason in collector.rejected[0][1]
@@ -361,58 +373,120 @@ def test_duplicates_count_once(run, tmp_path, capsys):
     assert collector.rejected == []
 
 
-def test_validator_process_judges_honest_files_after_hostile_ones(run, tmp_path):
-    """The real `swarmrl validator` process: hostile files first, honest ones after; then a
-    restart remembers what it judged."""
+def test_validator_process_judges_what_the_orchestrator_hands_out(run, tmp_path):
+    """The real `swarmrl validator` process against a real orchestrator and a SHARDCAST
+    origin: hostile bytes never get past the upload; of the uploaded files the honest one
+    is accepted and the forged one rejected, both verdicts recorded in the ledger; a
+    restarted validator finds nothing left to judge."""
+    from swarmrl.identity import Identity, generate_key_file
+    from swarmrl.ledger import Ledger, Verdict, check_ledger
+    from swarmrl.orchestrator import OrchestratorConfig, OrchestratorThread
+    from swarmrl.protocol import PoolClient, PoolRefused
+    from swarmrl.shardcast.origin import Origin
+    from swarmrl.shardcast.server import start_server
+
     cfg = make_run_dir(run, tmp_path)
-    arrivals = [
-        negative_token_file(run, cfg),
-        string_step_file(run, cfg),
-        bomb_file(cfg),
-        nan_file(run, cfg),
-        write(cfg, "honest-0.parquet", run.honest[0], meta_for(run, run.honest[0], 0)),
-    ]
-    copy = arrivals[-1].with_name("copy-0.parquet")
-    shutil.copyfile(arrivals[-1], copy)
-    arrivals += [
-        copy,
-        write(cfg, "honest-1.parquet", run.honest[1], meta_for(run, run.honest[1], 1)),
-    ]
-    base = arrivals[0].stat().st_mtime_ns
-    for k, path in enumerate(arrivals):
-        os.utime(path, ns=(base + k * 1000, base + k * 1000))
-    cfg.folder.trainer_done.write_text("{}")
+    validator_key = generate_key_file(tmp_path / "validator.key")
+    trainer_key = Identity.generate()
+    allowlist = tmp_path / "allowlist"
+    allowlist.write_text(f"{trainer_key.address} trainer\n{validator_key.address} validator\n")
+    orch = OrchestratorConfig(
+        ledger=f"sqlite:///{tmp_path / 'ledger.db'}",
+        store=str(tmp_path / "store"),
+        secret_file=str(tmp_path / "secret"),
+        allowlist=str(allowlist),
+        run_id=cfg.run_name,
+        batch_samples=1000,
+        prompts_per_assignment=cfg.worker.prompts_per_file,
+        group_size=cfg.sampling.group_size,
+        validation_fraction=1.0,
+        max_open_per_worker=3,
+        heartbeat_seconds=120.0,
+    )
+    origin = Origin(tmp_path / "origin", keep=2)
+    blake3 = origin.publish(0, run.model_dir).blake3
+    server = start_server(origin.root)
+    orchestrator = OrchestratorThread(orch)
+    orchestrator.start()
+    try:
+        trainer = PoolClient(orchestrator.url, trainer_key)
+        trainer.register("trainer", url=server.url)
+        trainer.announce_checkpoint(0, blake3)
+        worker = PoolClient(orchestrator.url, Identity.generate())
+        worker.register("worker")
+        honest_a, forged_a, hostile_a = (worker.assignment(0).assignment for _ in range(3))
 
-    def validator() -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "swarmrl", "validator", "--config", str(cfg.folder.config)],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
+        def upload(a, cols) -> str:
+            meta = meta_for(run, cols, a.id).model_copy(update={"worker_address": worker.address})
+            path = write_rollouts(tmp_path / "outbox" / f"{a.id}.parquet", cols, meta)
+            return worker.upload(a.id, path).file_hash
 
-    done = validator()
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "Traceback" not in done.stderr
-    verdicts = {Path(v["file"]).name: v for v in read_verdicts(cfg.run_dir)}
-    assert [Path(v["file"]).name for v in read_verdicts(cfg.run_dir)] == [p.name for p in arrivals]
-    for name in ("negative-True", "string-step", "bomb", "nan"):
-        assert verdicts[f"{name}.parquet"]["status"] == "unusable", verdicts[f"{name}.parquet"]
-    assert verdicts["honest-0.parquet"]["status"] == "accepted", verdicts["honest-0.parquet"]
-    assert verdicts["honest-1.parquet"]["status"] == "accepted", verdicts["honest-1.parquet"]
-    assert verdicts["copy-0.parquet"]["status"] == "rejected"
-    assert verdicts["copy-0.parquet"]["failed_checks"] == ["duplicate"]
+        def columns(a) -> dict:
+            plan = assign_from_seed(
+                a.seed,
+                num_problems=run.task.num_train(),
+                prompts=run.cfg.worker.prompts_per_file,
+                group_size=run.cfg.sampling.group_size,
+                target_lengths=run.cfg.task.target_lengths,
+            )
+            return generate_rollouts(
+                run.model, run.tok, run.task, plan, run.params, 0, run.cfg.task.length_alpha
+            ).columns
 
-    # Restarted, it remembers the hashes it judged (from verdicts.jsonl): a new copy of an
-    # honest file is a duplicate, though the files in between were never re-read.
-    late = arrivals[-1].with_name("late-copy.parquet")
-    shutil.copyfile(arrivals[-1], late)
-    done = validator()
-    assert done.returncode == 0, done.stderr[-3000:]
-    last = read_verdicts(cfg.run_dir)[-1]
-    assert Path(last["file"]).name == "late-copy.parquet"
-    assert last["status"] == "rejected" and "honest-1.parquet" in last["reason"]
+        honest = upload(honest_a, columns(honest_a))
+        forged_cols = copy_cols(columns(forged_a))
+        forged_cols["output_tokens"][3] = list(reversed(forged_cols["output_tokens"][3]))
+        forged = upload(forged_a, forged_cols)
+        # Hostile bytes are refused at the door: the validator never sees them.
+        bomb = bomb_file(cfg)
+        with pytest.raises(PoolRefused) as refused:
+            worker.upload(hostile_a.id, bomb)
+        assert refused.value.status == 422
+        trainer.announce_checkpoint(0, blake3, final=True)
+
+        def validator() -> subprocess.CompletedProcess:
+            return subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "swarmrl",
+                    "validator",
+                    "--config",
+                    str(cfg.folder.config),
+                    "--orchestrator",
+                    orchestrator.url,
+                    "--key",
+                    str(tmp_path / "validator.key"),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
+
+        done = validator()
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "Traceback" not in done.stderr
+        lines = {v["file_hash"]: v for v in read_verdicts(cfg.run_dir)}
+        assert lines[honest]["status"] == "accepted", lines[honest]
+        assert lines[forged]["status"] == "rejected", lines[forged]
+        ledger = Ledger(orch.ledger)
+        try:
+            with ledger.session() as s:
+                recorded = {v.file_hash: v for v in s.query(Verdict)}
+                assert check_ledger(s) == []
+        finally:
+            ledger.close()
+        assert recorded[honest].accepted and not recorded[forged].accepted
+        assert recorded[forged].reason.startswith("rejected: ")
+        assert recorded[honest].validator == validator_key.address
+        # Restarted: nothing pending, nothing judged twice.
+        again = validator()
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert len(read_verdicts(cfg.run_dir)) == 2
+    finally:
+        orchestrator.stop()
+        server.stop()
 
 
 def _token_stats(prob: float, low: float, eos_prob: float) -> TokenStats:

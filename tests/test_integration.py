@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,11 +13,21 @@ import time
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
-from swarmrl.checkpoints import list_checkpoints
-from swarmrl.rollouts import RolloutMeta, read_rollouts, write_rollouts
+from swarmrl.assignment import assign_from_seed
+from swarmrl.checkpoints import list_checkpoints, load_policy
+from swarmrl.config import load_config
+from swarmrl.inference.rollout import completion_text
+from swarmrl.ledger import Ledger, check_ledger
+from swarmrl.ledger.models import Assignment, Submission
+from swarmrl.rewards import group_advantages, score_sample
+from swarmrl.rollouts import read_rollouts
+from swarmrl.run import free_port, orchestrator_role, pool_roles, pool_status, prepare_pool
+from swarmrl.runfolder import RunFolder
+from swarmrl.shardcast.server import start_server
+from swarmrl.tasks.registry import build_task
 from swarmrl.trainer.metrics import read_metrics
-from swarmrl.validator.service import read_verdicts
 
 SMALL = [
     "--trainer.batch_samples",
@@ -40,41 +52,42 @@ def _swarmrl(*args: str, **kw) -> subprocess.CompletedProcess:
     )
 
 
-def _stale_file(folder: Path, step: int, policy_step: int) -> None:
-    n = 4
-    cols = {
-        "problem_id": ["planted"] * n,
-        "input_tokens": [[5, 6]] * n,
-        "output_tokens": [[7, 2]] * n,
-        "output_logprobs": [[-1.0, -1.0]] * n,
-        "rewards": [1.0, 0.0, 0.0, 1.0],
-        "task_rewards": [1.0, 0.0, 0.0, 1.0],
-        "length_penalties": [0.0] * n,
-        "advantages": [1.0, -1.0, -1.0, 1.0],
-        "target_lengths": [-1] * n,
-        "policy_step": [policy_step] * n,
-        "seed": [0, 1, 2, 3],
-        "proofs": [b""] * n,
-    }
-    meta = RolloutMeta(
-        run_id="planted",
-        worker_address="planted",
-        step=step,
-        submission=0,
-        num_samples=n,
-        num_nonzero=n,
-    )
-    write_rollouts(folder / "planted-00000.parquet", cols, meta)
+# What may exist in a pool run's folder, each written by `swarmrl run` or a trusted role
+# (trainer, validator, relays, orchestrator); a worker writes only in its own folder.
+RUN_FOLDER_LAYOUT = re.compile(
+    r"^(config\.json|summary\.json|metrics\.jsonl|trainer_status\.json|trainer_done\.json"
+    r"|processes\.json|checkpoints/.+|orchestrator/.+|keys/(trainer|validator|relay-\d+)\.key"
+    r"|trainer/.+|validator/.+|logs/[\w-]+\.log|shardcast/(origin|relay-\d+)/.+)$"
+)
 
 
-def test_run_async2_respects_the_bound_and_survives_bad_files(tmp_path, warm_model_dir):
+def _recomputed(task, tokenizer, table, alpha: float, group_size: int, problems) -> dict:
+    """Each sample's reward and advantage from scratch: the verifier re-run on the decoded
+    completion, the length penalty and the group normalization."""
+    rows = table.to_pydict()
+    rewards = [
+        score_sample(
+            task.score(problems[pid], completion_text(tokenizer, out, tokenizer.eos_token_id)),
+            target,
+            len(out),
+            alpha,
+        ).total
+        for pid, out, target in zip(
+            rows["problem_id"], rows["output_tokens"], rows["target_lengths"], strict=True
+        )
+    ]
+    advantages = [
+        a
+        for g in range(0, len(rewards), group_size)
+        for a in group_advantages(rewards[g : g + group_size]).tolist()
+    ]
+    return {"rewards": rewards, "advantages": advantages}
+
+
+def test_the_pool_on_loopback_trains_only_issued_uploaded_recomputed_files(
+    tmp_path, warm_model_dir
+):
     out = tmp_path / "outputs"
-    # Before the run starts, plant step 3's folder with a stale file (policy 0 < 3 - 2)
-    # and a file that is not Parquet at all; the trainer must drop/reject both and go on.
-    step3 = out / "t" / "rollouts" / "step_000003"
-    step3.mkdir(parents=True)
-    _stale_file(step3, step=3, policy_step=0)
-    (step3 / "garbage-00000.parquet").write_bytes(b"not parquet at all")
     proc = _swarmrl(
         "run",
         "--model.path",
@@ -84,89 +97,98 @@ def test_run_async2_respects_the_bound_and_survives_bad_files(tmp_path, warm_mod
         "--run_name",
         "t",
         "--trainer.steps",
-        "5",
+        "4",
         "--async_level",
         "2",
         "--validator.fraction",
         "1",
         *SMALL,
-        timeout=400,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((out / "t" / "summary.json").read_text())
+    run = RunFolder(out / "t")
+    summary = json.loads(run.summary.read_text())
     for key in (
         "accuracy_before",
         "accuracy_after",
         "length_error_before",
         "length_error_after",
-        "steps",
+        "samples_generated",
+        "samples_read",
+        "generated_per_read",
+        "proof_share_of_generation",
         "wall_seconds",
     ):
         assert summary[key] is not None, key
-    assert summary["steps"] == 5 and summary["final_step"] == 5
-    records = read_metrics(out / "t" / "metrics.jsonl")
-    assert [r.step for r in records] == [0, 1, 2, 3, 4]
+    assert summary["steps"] == 4 and summary["final_step"] == 4
+    records = read_metrics(run.metrics)
+    assert [r.step for r in records] == [0, 1, 2, 3]
     for r in records:
         assert r.oldest_policy_step >= r.step - 2, r
         assert r.staleness_max <= 2
-    step3_record = records[3]
-    assert step3_record.dropped_stale >= 4 and step3_record.rejected_files == 1
-    log = (out / "t" / "logs" / "trainer.log").read_text()
-    assert "garbage-00000.parquet: not a readable Parquet file" in log
-    assert 5 in list_checkpoints(out / "t" / "checkpoints")
-    # Workers got their policies through the relay, never from the trainer's folder:
-    # each download is recorded per server, and only the relay's URL appears.
-    config = json.loads((out / "t" / "config.json").read_text())
-    relay_url = config["shardcast"]["servers"]
-    assert (
-        len(relay_url) == 1
-        and summary["bytes_served"]["relay-0"] > 0
-        and summary["bytes_served"]["origin"] > 0
-    )
-    for log_file in (out / "t" / "logs").glob("worker-*.jsonl"):
-        last = json.loads(log_file.read_text().splitlines()[-1])
-        assert (
-            set(last["bytes_by_server"]) == {relay_url[0]}
-            and last["bytes_by_server"][relay_url[0]] > 0
+
+    # No worker touched the run folder: everything in it belongs to the run's layout,
+    # and the only rollout files are the orchestrator's store and the trusted roles' inboxes.
+    written = [p.relative_to(run.root).as_posix() for p in run.root.rglob("*") if p.is_file()]
+    assert [p for p in written if not RUN_FOLDER_LAYOUT.match(p)] == []
+    assert not run.rollouts.exists()
+    inboxes = (run.store, run.trainer_inbox, run.validator_inbox)
+    for path in run.root.rglob("*.parquet"):
+        assert any(path.is_relative_to(place) for place in inboxes), path
+    # Each worker kept its key and stats in its own folder, and uploaded everything.
+    for i in range(2):
+        home = run.worker_dir(i)
+        assert (home / "key").is_file() and (home / "stats.jsonl").is_file()
+        assert not list((home / "outbox").glob("*.parquet")), home
+
+    # Every trained file was issued to its uploader, uploaded, stored and recorded; the
+    # ledger is consistent; the rewards and advantages trained on are the recomputed ones.
+    cfg = load_config(run.config)
+    task = build_task(cfg.task)
+    tokenizer = load_policy(warm_model_dir)[1]
+    ledger = Ledger(f"sqlite:///{run.ledger}")
+    try:
+        with ledger.session() as session:
+            assert check_ledger(session) == []
+            submissions = list(session.scalars(select(Submission)))
+            assignments = {a.id: a for a in session.scalars(select(Assignment))}
+    finally:
+        ledger.close()
+    trained = [s for s in submissions if s.trained_step is not None]
+    assert len(trained) >= 4 and summary["files_trained"] == len(trained)
+    assert summary["samples_generated"] == sum(s.num_samples for s in submissions)
+    assert summary["files_uploaded"] == len(submissions)
+    for s in trained:
+        issued = assignments[s.assignment_id]
+        assert (issued.worker, issued.step) == (s.worker, s.step)
+        stored = run.store / s.stored_name
+        assert hashlib.sha256(stored.read_bytes()).hexdigest() == s.file_hash, stored
+        table, meta = read_rollouts(stored)
+        assert (meta.submission, meta.worker_address, meta.run_id) == (issued.id, s.worker, "t")
+        chosen = assign_from_seed(
+            issued.seed,
+            num_problems=task.num_train(),
+            prompts=issued.prompts,
+            group_size=issued.group_size,
+            target_lengths=cfg.task.target_lengths,
         )
-        assert last["policy_step"] >= 1
-    assert any((out / "t" / "worker_cache").glob("worker-*/v*"))
-    # Proofs were built off the generation loop, and the summary reports the workers' own
-    # figures. A worker's first file waits for the proof process to start (logged with its
-    # second file); after that the loop waited for proofs less than building them took.
-    gen = proofs = waited = 0.0
-    for log_file in (out / "t" / "logs").glob("worker-*.jsonl"):
-        files = [json.loads(line) for line in log_file.read_text().splitlines()]
-        assert len(files) >= 3, log_file
-        gen += sum(f["gen_seconds"] for f in files)
-        proofs += sum(f["proof_seconds"] for f in files)
-        waited += sum(f["proof_wait_seconds"] for f in files)
-        after_start = sum(f["proof_wait_seconds"] for f in files[2:])
-        assert after_start < sum(f["proof_seconds"] for f in files[2:]), files
-    assert 0 < summary["proof_share_of_generation"] == pytest.approx(proofs / gen, abs=1e-4)
-    assert summary["proof_wait_share_of_generation"] == pytest.approx(waited / gen, abs=1e-4)
-    kept = set(list_checkpoints(out / "t" / "checkpoints"))
-    worker_files = sorted((out / "t" / "rollouts").glob("step_*/worker-*.parquet"), reverse=True)
-    checked = next(
-        f for f in worker_files if read_rollouts(f)[0].column("policy_step")[0].as_py() in kept
-    )
-    verdict = _swarmrl("validate", str(checked), "--json", timeout=120)
-    assert verdict.returncode == 0, verdict.stdout + verdict.stderr
-    # The run's validator process judged every file (fraction 1): the workers' honest
-    # files are accepted (or skipped once their checkpoint was pruned), the planted
-    # stale file is rejected and the garbage file is unusable.
-    verdicts = {"/".join(Path(v["file"]).parts[-2:]): v for v in read_verdicts(out / "t")}
-    assert verdicts["step_000003/planted-00000.parquet"]["status"] == "rejected"
-    assert "consistency" in verdicts["step_000003/planted-00000.parquet"]["failed_checks"]
-    assert verdicts["step_000003/garbage-00000.parquet"]["status"] == "unusable"
-    honest = [v for name, v in verdicts.items() if "/worker-" in name]
-    assert len(honest) == len(list((out / "t" / "rollouts").glob("step_*/worker-*.parquet")))
-    assert all(v["status"] in ("accepted", "skipped") for v in honest), [
-        v for v in honest if v["status"] != "accepted"
-    ]
-    assert sum(v["status"] == "accepted" for v in honest) >= 5
+        problems = {
+            p.problem_id: p for p in (task.train_problem(i) for i in chosen.problem_indices)
+        }
+        want = _recomputed(
+            task, tokenizer, table, cfg.task.length_alpha, issued.group_size, problems
+        )
+        got = table.select(["rewards", "advantages"]).to_pydict()
+        assert got["rewards"] == pytest.approx(want["rewards"], abs=1e-5), stored
+        assert got["advantages"] == pytest.approx(want["advantages"], abs=1e-4), stored
+    assert sum(r.recomputed_mismatch_files for r in records) == 0
+
+    # Workers got their policies through the relay: bytes served by the origin and relay.
+    assert summary["bytes_served"]["relay-0"] > 0 and summary["bytes_served"]["origin"] > 0
+    # The validator judged what the orchestrator handed it (fraction 1: every file).
     counts = summary["validation"]
-    assert counts["fraction"] == 1 and counts["rejected"] == 1 and counts["unusable"] == 1
+    assert counts["fraction"] == 1 and counts["accepted"] >= 4
+    assert counts["rejected"] == 0
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen:
@@ -179,32 +201,47 @@ def _spawn(args: list[str], log: Path) -> subprocess.Popen:
 
 
 def test_killed_trainer_resumes_from_its_checkpoint(tmp_path, warm_model_dir):
+    """The roles started by hand as an operator would (one worker, no relay: it fetches
+    from the origin), the trainer killed mid-run and started again."""
     out = tmp_path / "outputs"
-    common = [
-        "--output_dir",
-        str(out),
-        "--run_name",
-        "r",
-        "--trainer.steps",
-        "6",
-        "--async_level",
-        "1",
-        *SMALL,
-    ]
-    trainer_cmd = ["trainer", "--start-model", str(warm_model_dir), *common]
-    run_dir = out / "r"
-    run_dir.mkdir(parents=True)
-    worker = _spawn(["worker", "--address", "w0", *common], tmp_path / "worker.log")
-    trainer = _spawn(trainer_cmd, tmp_path / "trainer1.log")
+    flags = dict(zip(SMALL[::2], SMALL[1::2], strict=True))
+    cfg = load_config(
+        overrides={
+            "output_dir": str(out),
+            "run_name": "r",
+            "trainer.steps": 6,
+            "async_level": 1,
+            "worker.count": 1,
+            "validator.fraction": 0,
+            **{k.removeprefix("--"): json.loads(v) for k, v in flags.items()},
+        }
+    )
+    run = cfg.folder
+    run.root.mkdir(parents=True)
+    run.config.write_text(cfg.model_dump_json())
+    keys = prepare_pool(cfg)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    orchestrator = _spawn(orchestrator_role(cfg, port).args, tmp_path / "orchestrator.log")
+    origin = start_server(run.shardcast / "origin")
+    trainer_role, worker_role = pool_roles(cfg, warm_model_dir, url, keys, [], origin.url)
+    trainer_cmd = trainer_role.args
+    worker = trainer = None
     try:
+        deadline = time.time() + 120
+        while pool_status(url) is None:
+            assert time.time() < deadline, (tmp_path / "orchestrator.log").read_text()[-2000:]
+            time.sleep(0.2)
+        worker = _spawn(worker_role.args, tmp_path / "worker.log")
+        trainer = _spawn(trainer_cmd, tmp_path / "trainer1.log")
         deadline = time.time() + 300
-        while max(list_checkpoints(run_dir / "checkpoints"), default=0) < 2:
+        while max(list_checkpoints(run.checkpoints), default=0) < 2:
             assert time.time() < deadline, (tmp_path / "trainer1.log").read_text()[-2000:]
             assert trainer.poll() is None, (tmp_path / "trainer1.log").read_text()[-2000:]
             time.sleep(0.1)
         os.killpg(trainer.pid, signal.SIGKILL)
         trainer.wait()
-        reached = max(list_checkpoints(run_dir / "checkpoints"))
+        reached = max(list_checkpoints(run.checkpoints))
         assert reached < 6
         restarted = _swarmrl(*trainer_cmd, timeout=300)
         assert restarted.returncode == 0, restarted.stdout[-2000:] + restarted.stderr[-2000:]
@@ -215,12 +252,26 @@ def test_killed_trainer_resumes_from_its_checkpoint(tmp_path, warm_model_dir):
             if line.startswith("{")
         ]
         assert printed == list(range(reached, 6))
-        worker.wait(timeout=60)
+        assert worker.wait(timeout=120) == 0  # the final checkpoint's announcement ends it
     finally:
-        for p in (worker, trainer):
-            if p.poll() is None:
+        for p in (worker, trainer, orchestrator):
+            if p is not None and p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
-    records = read_metrics(run_dir / "metrics.jsonl")
+                p.wait()
+        origin.stop()
+    records = read_metrics(run.metrics)
     assert [r.step for r in records] == list(range(6))  # none lost, none counted twice
-    assert (run_dir / "trainer_done.json").exists()
-    assert max(list_checkpoints(run_dir / "checkpoints")) == 6
+    assert run.trainer_done.exists()
+    assert max(list_checkpoints(run.checkpoints)) == 6
+    ledger = Ledger(f"sqlite:///{run.ledger}")
+    try:
+        with ledger.session() as session:
+            assert check_ledger(session) == []
+            trained_steps = {
+                s.trained_step
+                for s in session.scalars(select(Submission))
+                if s.trained_step is not None
+            }
+    finally:
+        ledger.close()
+    assert trained_steps == set(range(6))

@@ -4,16 +4,19 @@ when available): every refusal leaves the ledger unchanged."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import httpx
+import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
 
 from pool_fixtures import BACKENDS, make_pool, rollout_file, signed_raw
 from swarmrl.identity import Identity, body_digest, sign_request
+from swarmrl.orchestrator import OrchestratorThread
 from swarmrl.orchestrator.issuance import assignment_seed
-from swarmrl.protocol import PoolClient, PoolRefused
+from swarmrl.protocol import PoolClient, PoolRefused, PoolUnreachable
 from swarmrl.protocol.status import render
 
 BLAKE = "ab" * 32
@@ -367,7 +370,11 @@ def test_upload_for_another_workers_assignment_is_refused(pool):
 )
 def test_file_whose_metadata_disagrees_with_its_assignment_is_refused(pool, field, value):
     worker, a = _assignment(pool)
-    path = rollout_file(pool.tmp / "f.parquet", worker.address, a, **{field: value})
+    path = rollout_file(pool.tmp / "f.parquet", worker.address, a)
+    # Written as an attacker would: the metadata as raw JSON, past the writer's own checks.
+    table = pq.read_table(path)
+    meta = json.loads(table.schema.metadata[b"swarmrl"]) | {field: value}
+    pq.write_table(table.replace_schema_metadata({b"swarmrl": json.dumps(meta).encode()}), path)
     before = pool.ledger_state()
     detail = refused(lambda: worker.upload(a.id, path), 422)
     assert field in detail
@@ -597,6 +604,10 @@ def test_checkpoint_announcements(pool):
     hb = pool.workers[0].heartbeat(4)
     assert hb.finished and hb.checkpoint.step == 4
     assert pool.workers[0].assignment(4).reason == "the run is finished"
+    # A finished run resumed with more steps: the trainer announces the same checkpoint
+    # as not final, and work goes on.
+    pool.trainer.announce_checkpoint(4, "ef" * 32)
+    assert not pool.workers[0].heartbeat(4).finished
 
 
 def test_relays_register_and_are_announced(pool):
@@ -649,6 +660,7 @@ def test_openapi_schema_lists_every_endpoint(pool):
         "/v1/steps/{step}/submissions",
         "/v1/submissions/{file_hash}/file",
         "/v1/submissions/trained",
+        "/v1/steps/{step}/progress",
         "/v1/checkpoints",
         "/v1/validation/next",
         "/v1/verdicts",
@@ -664,3 +676,105 @@ def test_status_prints_the_pool(pool):
     out = console.export_text()
     for expected in (worker.address, pool.trainer.address, "step 0", "1 accepted", "4/8"):
         assert expected in out
+
+
+# -- the trainer's own count -----------------------------------------------------------------
+
+
+def test_trainer_count_replaces_the_workers_claims(tmp_path):
+    # 8 usable samples needed, 4 per assignment. Two files each claim 4 usable samples:
+    # by the claims the step is full. The trainer reads them and finds 1 usable sample
+    # in all: issuance opens again, and the observed yield is the trainer's (1/8).
+    p = make_pool(tmp_path, async_level=0)
+    p.trainer.announce_checkpoint(0, BLAKE)
+    try:
+        worker = p.workers[0]
+        issued = [worker.assignment(0).assignment for _ in range(2)]
+        files = [p.upload_for(worker, a).file_hash for a in issued]
+        assert worker.assignment(0).assignment is None  # full by the claims
+        status = p.trainer.report_progress(0, usable=1, read=8, files=files)
+        assert status.usable_samples == 1 and status.read_samples == 8
+        # 7 missing × 1.1 / (4 × 1/8) → 16 assignments (each worker holds at most 8).
+        more = []
+        for w in p.workers:
+            while (r := w.assignment(0)).assignment is not None:
+                more.append(r.assignment)
+        assert len(more) == 16
+        # A file the trainer has not read yet counts by its claim until it does.
+        p.trainer.announce_checkpoint(1, BLAKE)
+        worker = p.new_worker()
+        a = worker.assignment(1).assignment
+        assert a.step == 1
+        c = p.upload_for(worker, a)
+        public = PoolClient(p.url, None).status()
+        step0 = next(st for st in public.steps if st.step == 0)
+        assert step0.usable_samples == 1 and not step0.full
+        assert next(st for st in public.steps if st.step == 1).usable_samples == 4
+        p.trainer.report_progress(1, usable=0, read=4, files=[c.file_hash])
+        assert (
+            next(st for st in PoolClient(p.url, None).status().steps if st.step == 1).usable_samples
+            == 0
+        )
+        assert p.ledger_problems() == []
+    finally:
+        p.stop()
+
+
+def test_trainer_says_the_step_is_full(tmp_path):
+    p = make_pool(tmp_path, async_level=0)
+    p.trainer.announce_checkpoint(0, BLAKE)
+    try:
+        worker = p.workers[0]
+        assert worker.assignment(0).assignment is not None
+        status = p.trainer.report_progress(0, usable=2, read=4, full=True)
+        assert status.full
+        r = worker.assignment(0)
+        assert r.assignment is None and "need no more work" in r.reason
+    finally:
+        p.stop()
+
+
+def test_progress_reports_are_checked(pool):
+    worker, a = _assignment(pool)
+    sub = pool.upload_for(worker, a)
+    assert "exceed" in refused(lambda: pool.trainer.report_progress(0, usable=5, read=4), 422)
+    # Files of another step, or no submission at all, are not the step's.
+    assert "no submissions of step 1" in refused(
+        lambda: pool.trainer.report_progress(1, usable=0, read=4, files=[sub.file_hash]), 422
+    )
+    before = pool.ledger_state()
+    refused(lambda: worker.report_progress(0, usable=0, read=4, files=[sub.file_hash]), 403)
+    assert pool.ledger_state() == before
+
+
+# -- the client across an orchestrator restart -----------------------------------------------
+
+
+def test_client_retries_while_the_orchestrator_restarts(tmp_path):
+    p = make_pool(tmp_path)
+    try:
+        port = int(p.url.rsplit(":", 1)[1])
+        p.stop()
+        again = OrchestratorThread(p.config, port=port)
+        starter = threading.Timer(1.0, again.start)
+        starter.start()
+        try:
+            # Sent while nothing listens: the client waits and retries until it answers.
+            assert p.trainer.announce_checkpoint(0, BLAKE).checkpoint.step == 0
+            a = p.workers[0].assignment(0).assignment
+            assert a is not None
+        finally:
+            starter.join()
+            again.stop()
+    finally:
+        p.stop()
+
+
+def test_client_gives_up_after_its_retry_budget(tmp_path):
+    p = make_pool(tmp_path)
+    p.stop()
+    client = PoolClient(p.url, p.keys["trainer"], retry_seconds=1.0)
+    started = time.monotonic()
+    with pytest.raises(PoolUnreachable, match="unreachable"):
+        client.heartbeat(0)
+    assert time.monotonic() - started < 10

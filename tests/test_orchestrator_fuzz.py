@@ -60,6 +60,7 @@ ENDPOINTS = [
     ("POST", "/v1/assignments", "worker", {"policy_step": 0}),
     ("POST", "/v1/submissions/trained", "trainer", {"step": 0, "file_hashes": ["0" * 64]}),
     ("POST", "/v1/checkpoints", "trainer", {"step": 0, "blake3": "ab" * 32}),
+    ("POST", "/v1/steps/0/progress", "trainer", {"usable": 0, "read": 0, "files": []}),
     ("POST", "/v1/verdicts", "validator", {"file_hash": "0" * 64, "accepted": True, "reason": ""}),
     ("POST", "/v1/validation/next", "validator", {}),
 ]
@@ -69,6 +70,7 @@ MODELS = [
     api.AssignmentRequest,
     api.MarkTrainedRequest,
     api.CheckpointAnnouncement,
+    api.ProgressReport,
     api.VerdictRequest,
 ]
 

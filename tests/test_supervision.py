@@ -28,6 +28,7 @@ from swarmrl.config import (
 )
 from swarmrl.display import StepDisplay, eta_seconds, metrics_line
 from swarmrl.model.tokenizer import build_char_tokenizer
+from swarmrl.protocol.models import StepStatus
 from swarmrl.run import SwarmError, check_model_dir, prepare_folder, wait_report
 from swarmrl.runfolder import RunFolder
 from swarmrl.supervisor import Role, Supervisor
@@ -262,19 +263,28 @@ def test_the_trainers_wait_is_one_readable_line(tmp_path):
     folder.trainer_status.write_text(
         json.dumps({"step": 5, "usable": 48, "needed": 128, "since": now - 600})
     )
-    assert wait_report(folder, now, 6) is None  # a status left from an earlier step
-    assert wait_report(folder, now, 5)[2] == (
-        "step 5: 48/128 usable samples after 600 s; no worker has written a file for it yet"
+    nothing = StepStatus(
+        step=5,
+        target_samples=128,
+        usable_samples=0,
+        submissions=0,
+        open_assignments=3,
+        lapsed_assignments=0,
+        trained=0,
+        full=False,
     )
-    written = folder.rollout_step(5) / "worker-0-00001.parquet"
-    written.parent.mkdir(parents=True)
-    written.write_bytes(b"x")
-    os.utime(written, (now - 30, now - 30))
-    step, waited, line = wait_report(folder, now, 5)
+    assert wait_report(folder, now, 6, nothing) is None  # a status left from an earlier step
+    assert wait_report(folder, now, 5, nothing)[2] == (
+        "step 5: 48/128 usable samples after 600 s; no file uploaded for it yet, "
+        "3 assignment(s) open"
+    )
+    some = nothing.model_copy(update={"submissions": 4, "open_assignments": 2})
+    step, waited, line = wait_report(
+        folder, now, 5, some.model_copy(update={"lapsed_assignments": 1})
+    )
     assert (step, round(waited)) == (5, 600)
-    assert line.endswith(
-        "workers last wrote at " + time.strftime("%H:%M:%S", time.localtime(now - 30))
-    )
+    assert line.endswith("4 file(s) uploaded for it, 2 assignment(s) open, 1 lapsed")
+    assert wait_report(folder, now, 5, None)[2].endswith("the orchestrator did not answer")
 
 
 # ---------------------------------------------------------------- whole runs (slow)
@@ -360,7 +370,7 @@ def test_sigterm_stops_every_process_of_the_run(tmp_path, warm_model_dir):
         # Wait until the workers have written files: each then has its proof process
         # and multiprocessing's resource tracker (grandchildren of `swarmrl run`).
         deadline = time.time() + 300
-        while not list((out / "s" / "rollouts").glob("step_*/worker-*.parquet")):
+        while not list((out / "s" / "orchestrator" / "rollouts").rglob("*.parquet")):
             assert run.poll() is None and time.time() < deadline, run.stderr.read()[-3000:]
             time.sleep(0.5)
         tree = _descendants(run.pid)
@@ -444,9 +454,9 @@ def _wait_for(what: str, ready, run: subprocess.Popen, timeout: float = 300) -> 
 
 @pytest.mark.slow
 def test_chaos_kill_each_role_in_turn_and_the_run_completes(tmp_path, warm_model_dir):
-    """kill -9 a worker, the relay, the validator and the trainer, one after the other,
-    each once the run has trained a step since the previous restart. The run finishes
-    by itself, counts the four restarts, trains every step exactly once and evaluates
+    """kill -9 a worker, the relay, the validator, the orchestrator and the trainer, one
+    after the other, each once the run has trained a step since the previous restart.
+    The run finishes by itself, counts the five restarts, keeps a consistent ledger, trains every step exactly once and evaluates
     the final checkpoint; nothing a killed process started outlives it.
 
     Learning is not asserted here: the test model (a 150-step warm start, held-out
@@ -499,7 +509,7 @@ def test_chaos_kill_each_role_in_turn_and_the_run_completes(tmp_path, warm_model
         return len(read_metrics(folder.metrics))
 
     try:
-        for role in ("worker-0", "relay-0", "validator", "trainer"):
+        for role in ("worker-0", "relay-0", "validator", "orchestrator", "trainer"):
             done = trained()
             _wait_for(f"a step before killing {role}", lambda d=done: trained() > d, run)
             victim = pids()[role]["pid"]
@@ -517,7 +527,7 @@ def test_chaos_kill_each_role_in_turn_and_the_run_completes(tmp_path, warm_model
             run.kill()
             run.wait()
     assert run.returncode == 0, stderr[-3000:]
-    for role in ("worker-0", "relay-0", "validator", "trainer"):
+    for role in ("worker-0", "relay-0", "validator", "orchestrator", "trainer"):
         assert f"{role} was killed by SIGKILL; restarting it" in stderr
     summary = json.loads(folder.summary.read_text())
     assert summary["restarts"] == {
@@ -526,8 +536,11 @@ def test_chaos_kill_each_role_in_turn_and_the_run_completes(tmp_path, warm_model
         "worker-0": 1,
         "worker-1": 0,
         "validator": 1,
+        "orchestrator": 1,
     }
-    assert summary["restarts_total"] == 4 and summary["final_step"] == steps
+    assert summary["restarts_total"] == 5 and summary["final_step"] == steps
+    # The orchestrator's restart lost nothing and counted nothing twice.
+    assert summary["ledger_problems"] == []
     records = read_metrics(folder.metrics)
     assert [r.step for r in records] == list(range(steps))  # contiguous, none twice
     assert (folder.log("trainer")).read_text().count("resuming run c at step ") == 1

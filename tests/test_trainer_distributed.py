@@ -13,10 +13,13 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -26,7 +29,10 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from swarmrl.checkpoints import checkpoint_dir, list_checkpoints, load_policy
-from swarmrl.rollouts import RolloutMeta, write_rollouts
+from swarmrl.identity import Identity
+from swarmrl.orchestrator import OrchestratorConfig, OrchestratorThread
+from swarmrl.protocol import PoolClient
+from swarmrl.rollouts import COLUMNS, RolloutMeta, write_rollouts
 from swarmrl.trainer import distributed, update
 from swarmrl.trainer.batches import Sample, token_samples
 from swarmrl.trainer.distributed import Ranks
@@ -245,38 +251,128 @@ def test_state_saved_at_two_ranks_resumes_in_one_process(two_ranks, model_dir):
     assert _weights_rel_diff(model.state_dict(), saved["after"]) <= 1e-5
 
 
-def _rollout_files(run_dir: Path, steps: int, vocab: int) -> None:
-    """Two files per step, each two 4-sample groups with signal, from policy `step`."""
-    rng = random.Random(7)
-    for step in range(steps):
-        folder = run_dir / "rollouts" / f"step_{step:06d}"
-        folder.mkdir(parents=True)
-        for f in range(2):
-            n = 8
-            rewards = [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0]
-            cols = {
-                "problem_id": [f"p{step}-{f}-a"] * 4 + [f"p{step}-{f}-b"] * 4,
-                "input_tokens": [[rng.randrange(3, vocab) for _ in range(4)] for _ in range(n)],
-                "output_tokens": [[rng.randrange(3, vocab) for _ in range(6)] for _ in range(n)],
-                "output_logprobs": [[-1.0] * 6] * n,
-                "rewards": rewards,
-                "task_rewards": rewards,
-                "length_penalties": [0.0] * n,
-                "advantages": [1.0, -1.0, -1.0, 1.0, -1.7, 0.6, 0.6, 0.6],
-                "target_lengths": [-1] * n,
-                "policy_step": [step] * n,
-                "seed": list(range(n)),
-                "proofs": [b""] * n,
-            }
-            meta = RolloutMeta(
+class _Feeder(threading.Thread):
+    """A worker in the test process: takes every assignment the orchestrator issues and
+    uploads a file whose completions are right for half of each group (signal the
+    trainer's own verifier finds). The same secret and the same order of requests give
+    two pools the same assignments, so two runs train on the same files."""
+
+    def __init__(self, url: str, model_dir: Path) -> None:
+        super().__init__(daemon=True)
+        from swarmrl.config import load_config
+        from swarmrl.tasks.registry import build_task
+
+        self.client = PoolClient(url, Identity.generate())
+        self.client.register("worker")
+        _, self.tok = load_policy(model_dir)
+        self.cfg = load_config(None, {"worker.prompts_per_file": 2, "sampling.group_size": 4})
+        self.task = build_task(self.cfg.task)
+        self.stop = threading.Event()
+        self.tmp = Path(tempfile.mkdtemp(prefix="swarmrl-feeder-"))
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            view = self.client.heartbeat()
+            if view.finished:
+                return
+            policy = view.checkpoint.step if view.checkpoint else 0
+            a = self.client.assignment(policy).assignment
+            if a is None:
+                self.stop.wait(0.1)
+                continue
+            self.client.upload(a.id, self._file(a))
+
+    def _file(self, a) -> Path:
+        from swarmrl.assignment import assign_from_seed
+        from swarmrl.inference.rollout import prompt_ids
+        from swarmrl.rewards import group_advantages, has_signal, score_sample
+
+        plan = assign_from_seed(
+            a.seed,
+            num_problems=self.task.num_train(),
+            prompts=a.prompts,
+            group_size=a.group_size,
+            target_lengths=self.cfg.task.target_lengths,
+        )
+        cols: dict[str, list] = {k: [] for k in COLUMNS}
+        for index, target, seeds in zip(
+            plan.problem_indices, plan.target_lengths, plan.sample_seeds, strict=True
+        ):
+            problem = self.task.train_problem(index)
+            ids = prompt_ids(self.tok, self.task, problem, target)
+            totals = []
+            for j, seed in enumerate(seeds):
+                text = f";={problem.answer}" if j % 2 == 0 else ";=0"
+                out = [*self.tok.encode(text, add_special_tokens=False), self.tok.eos_token_id]
+                reward = score_sample(
+                    float(j % 2 == 0), target, len(out), self.cfg.task.length_alpha
+                )
+                totals.append(reward.total)
+                for name, value in (
+                    ("problem_id", problem.problem_id),
+                    ("input_tokens", ids),
+                    ("output_tokens", out),
+                    ("output_logprobs", [-1.0] * len(out)),
+                    ("rewards", reward.total),
+                    ("task_rewards", reward.task_reward),
+                    ("length_penalties", reward.length_penalty),
+                    ("target_lengths", target),
+                    ("policy_step", max(0, a.step - 1)),
+                    ("seed", seed),
+                    ("proofs", b""),
+                ):
+                    cols[name].append(value)
+            assert has_signal(totals)
+            cols["advantages"].extend(group_advantages(totals).tolist())
+        n = len(cols["rewards"])
+        meta = RolloutMeta(
+            run_id="r",
+            worker_address=self.client.address,
+            step=a.step,
+            submission=a.id,
+            num_samples=n,
+            num_nonzero=n,
+        )
+        return write_rollouts(self.tmp / f"{a.id}.parquet", cols, meta)
+
+
+class _Pool:
+    """An orchestrator for one trainer run, with the trainer's key and a feeding worker."""
+
+    def __init__(self, root: Path, model_dir: Path, steps: int, secret: Path | None) -> None:
+        from swarmrl.identity import generate_key_file
+
+        root.mkdir(parents=True, exist_ok=True)
+        self.key = root / "trainer.key"
+        trainer = generate_key_file(self.key)
+        (root / "allowlist").write_text(f"{trainer.address} trainer\n")
+        if secret is not None:
+            shutil.copyfile(secret, root / "secret")
+        self.secret = root / "secret"
+        self.server = OrchestratorThread(
+            OrchestratorConfig(
+                ledger=f"sqlite:///{root / 'ledger.db'}",
+                store=str(root / "store"),
+                secret_file=str(self.secret),
+                allowlist=str(root / "allowlist"),
                 run_id="r",
-                worker_address="planted",
-                step=step,
-                submission=f,
-                num_samples=n,
-                num_nonzero=n,
+                steps=steps,
+                batch_samples=16,
+                prompts_per_assignment=2,
+                group_size=4,
+                async_level=1,
+                max_open_per_worker=4,
+                heartbeat_seconds=120.0,
             )
-            write_rollouts(folder / f"planted-{f:05d}.parquet", cols, meta)
+        )
+        self.server.start()
+        self.feeder = _Feeder(self.server.url, model_dir)
+        self.feeder.start()
+
+    def stop(self) -> None:
+        self.feeder.stop.set()
+        self.feeder.join(timeout=30)
+        self.server.stop()
 
 
 def _problems(log: str) -> str:
@@ -285,7 +381,7 @@ def _problems(log: str) -> str:
     return "\n".join(keep[-60:]) or log[-3000:]
 
 
-def _trainer_argv(model_dir: Path, out: Path, steps: int) -> list[str]:
+def _trainer_argv(model_dir: Path, out: Path, steps: int, pool: _Pool) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -293,6 +389,12 @@ def _trainer_argv(model_dir: Path, out: Path, steps: int) -> list[str]:
         "trainer",
         "--start-model",
         str(model_dir),
+        "--orchestrator",
+        pool.server.url,
+        "--key",
+        str(pool.key),
+        "--origin-url",
+        "http://127.0.0.1:9",
         "--output_dir",
         str(out),
         "--run_name",
@@ -305,24 +407,29 @@ def _trainer_argv(model_dir: Path, out: Path, steps: int) -> list[str]:
         "16",
         "--trainer.micro_batch_samples",
         "3",
+        "--worker.prompts_per_file",
+        "2",
+        "--sampling.group_size",
+        "4",
         "--sampling.max_new_tokens",
         "8",
         "--async_level",
         "1",
-        "--shardcast.enabled",
-        "false",
     ]
 
 
 @pytest.mark.slow
-def test_two_rank_trainer_killed_with_sigkill_resumes_to_the_same_parameters(tmp_path, model_dir):
+def test_two_rank_trainer_killed_with_sigkill_resumes_to_the_same_parameters(
+    tmp_path, model_dir, request
+):
     steps = 6
-    _, tok = load_policy(model_dir)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    for name in ("straight", "killed"):
-        _rollout_files(tmp_path / name / "r", steps, len(tok))
+    # Two pools with one secret: the same assignments, so the same files, in both runs.
+    pools = {"straight": _Pool(tmp_path / "pool-straight", model_dir, steps, None)}
+    pools["killed"] = _Pool(tmp_path / "pool-killed", model_dir, steps, pools["straight"].secret)
+    request.addfinalizer(lambda: [p.stop() for p in pools.values()])
     straight = subprocess.run(
-        _trainer_argv(model_dir, tmp_path / "straight", steps),
+        _trainer_argv(model_dir, tmp_path / "straight", steps, pools["straight"]),
         capture_output=True,
         text=True,
         timeout=600,
@@ -335,7 +442,7 @@ def test_two_rank_trainer_killed_with_sigkill_resumes_to_the_same_parameters(tmp
     log = tmp_path / "killed.log"
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
-            _trainer_argv(model_dir, tmp_path / "killed", steps),
+            _trainer_argv(model_dir, tmp_path / "killed", steps, pools["killed"]),
             stdout=fh,
             stderr=subprocess.STDOUT,
             env=env,
@@ -357,7 +464,7 @@ def test_two_rank_trainer_killed_with_sigkill_resumes_to_the_same_parameters(tmp
     assert max(list_checkpoints(ckpts)) == reached  # nothing kept training after the kill
 
     resumed = subprocess.run(
-        _trainer_argv(model_dir, tmp_path / "killed", steps),
+        _trainer_argv(model_dir, tmp_path / "killed", steps, pools["killed"]),
         capture_output=True,
         text=True,
         timeout=600,

@@ -200,26 +200,21 @@ def _planted(run_dir, name: str, step: int, policy_step: int):
     return write_rollouts(run_dir / "rollouts" / f"step_{step:06d}" / name, cols, meta)
 
 
-def test_validator_service_secret_and_verdicts_without_a_model(tmp_path):
-    """The run secret is made once (0600); a file whose checkpoint is gone is skipped, one
-    claiming a policy newer than its step is rejected; verdict lines are counted."""
+def test_validator_service_verdicts_without_a_model(tmp_path):
+    """A file whose checkpoint no server lists is skipped, one claiming a policy newer than
+    its step is rejected, an unreadable one is unusable; verdict lines are counted."""
     import json
-    import os
 
     from swarmrl.config import load_config
     from swarmrl.rollouts import SeenFiles
     from swarmrl.validator import ValidatorSettings, judge_file
-    from swarmrl.validator.service import _Policies, run_secret, verdict_counts
+    from swarmrl.validator.service import _Policies, verdict_counts
 
     run_dir = tmp_path / "run"
-    secret = run_secret(run_dir)
-    assert len(secret) == 32 and run_secret(run_dir) == secret
-    assert os.stat(RunFolder(run_dir).validator / "secret").st_mode & 0o777 == 0o600
-
     cfg = load_config(None, {"run_name": "r"})
-    policies = _Policies(run_dir / "checkpoints")
+    policies = _Policies(tmp_path / "cache")  # no relay, no origin: nothing can be fetched
     settings = ValidatorSettings()
-    pruned = judge_file(
+    gone = judge_file(
         _planted(run_dir, "a.parquet", 5, 3), cfg, policies.get, settings, SeenFiles()
     )
     future = judge_file(
@@ -228,45 +223,38 @@ def test_validator_service_secret_and_verdicts_without_a_model(tmp_path):
     garbage = run_dir / "rollouts" / "step_000005" / "c.parquet"
     garbage.write_bytes(b"not parquet")
     unreadable = judge_file(garbage, cfg, policies.get, settings, SeenFiles())
-    assert pruned.status == "skipped" and "pruned" in pruned.reason
+    assert gone.status == "skipped" and "checkpoint 3 cannot be fetched" in gone.reason
     assert future.status == "rejected" and "policy step 7 outside [3, 5]" in future.reason
     assert future.failed_checks == ["consistency"]
     assert unreadable.status == "unusable"
+    RunFolder(run_dir).validator.mkdir(parents=True, exist_ok=True)
     with open(RunFolder(run_dir).verdicts, "w") as fh:
         fh.writelines(
-            json.dumps({"file": "x", "status": v.status}) + "\n"
-            for v in (pruned, future, unreadable)
+            json.dumps({"file": "x", "status": v.status}) + "\n" for v in (gone, future, unreadable)
         )
         fh.write('{"file": "cut sh')  # a line cut short by a kill
     assert verdict_counts(run_dir) == {"accepted": 0, "rejected": 1, "unusable": 1, "skipped": 1}
 
 
-def test_checkpoint_pruned_while_the_validator_loads_it_is_a_skip(tmp_path):
-    """The trainer prunes old checkpoints while the validator runs: one that disappears
-    between the validator's check and its load makes the file skipped, not a crash."""
-    from swarmrl.checkpoints import checkpoint_dir, prune_checkpoints
-    from swarmrl.config import load_config
-    from swarmrl.rollouts import SeenFiles
-    from swarmrl.validator import ValidatorSettings, judge_file
+def test_validator_fetches_claimed_checkpoints_through_shardcast(tmp_path):
+    """The validator's policies come from the servers the heartbeat names; a version they
+    no longer list is a skip, not a crash."""
+    from swarmrl.shardcast.origin import Origin
+    from swarmrl.shardcast.server import start_server
     from swarmrl.validator.service import _Policies
 
-    run_dir = tmp_path / "run"
     model, tok = random_model()
-    for step in (3, 4, 5):
-        model.save_pretrained(checkpoint_dir(run_dir / "checkpoints", step))
-        tok.save_pretrained(checkpoint_dir(run_dir / "checkpoints", step))
-    path = _planted(run_dir, "a.parquet", 5, 3)
-
-    class PrunedDuringLoad(_Policies):
-        def get(self, step):
-            prune_checkpoints(self.ckpt_root, keep=2)  # the trainer, right after the check
-            return super().get(step)
-
-    verdict = judge_file(
-        path,
-        load_config(None, {"run_name": "r"}),
-        PrunedDuringLoad(run_dir / "checkpoints").get,
-        ValidatorSettings(),
-        SeenFiles(),
-    )
-    assert verdict.status == "skipped" and "pruned" in verdict.reason
+    folder = tmp_path / "ckpt"
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    origin = Origin(tmp_path / "origin", keep=1)
+    origin.publish(3, folder)
+    server = start_server(origin.root)
+    try:
+        policies = _Policies(tmp_path / "cache", servers=[server.url])
+        loaded, _ = policies.get(3)
+        assert loaded.config.vocab_size == model.config.vocab_size
+        assert policies.get(3)[0] is loaded  # kept loaded
+        assert policies.get(2).status == "skipped"
+    finally:
+        server.stop()

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from helpers import random_model
-from swarmrl.assignment import assign
+from swarmrl.assignment import assign_from_seed
 from swarmrl.inference.finisher import FileFinisher
 from swarmrl.inference.rollout import attach_proofs, generate_rollouts
 from swarmrl.inference.sampler import SamplingParams
@@ -20,11 +20,8 @@ from swarmrl.toploc import build_proofs, bytes_to_proofs, proofs_to_bytes
 def _batch(counter: int, proofs: bool):
     model, tok = random_model()
     task = ArithmeticTask()
-    plan = assign(
-        7,
-        "w",
-        0,
-        counter,
+    plan = assign_from_seed(
+        7000 + counter,
         num_problems=task.num_train(),
         prompts=2,
         group_size=4,

@@ -1,8 +1,9 @@
 """Deterministic prompt assignment (docs/architecture.md §2).
 
 Which prompts a worker answers, with which target lengths and sampling seeds, follows
-from a seed derived from (run seed, worker address, step, submission counter). A worker
-cannot choose easy prompts, and a validator recomputes the exact list.
+from one seed. In the pool the orchestrator issues it with each assignment (derived from
+its secret and the assignment id), so a worker cannot choose or grind easy prompts, and
+the validator and the trainer recompute the exact list from the same seed.
 """
 
 from __future__ import annotations
@@ -44,8 +45,26 @@ def assign(
     group_size: int,
     target_lengths: list[int],
 ) -> Assignment:
-    """The assignment for one submission; pure, so every party computes the same one."""
-    seed = assignment_seed(run_seed, worker_address, step, counter)
+    """The assignment for (run seed, worker address, step, counter): the derivation of
+    the shared-folder era, kept for the tests and benchmarks that build files offline."""
+    return assign_from_seed(
+        assignment_seed(run_seed, worker_address, step, counter),
+        num_problems=num_problems,
+        prompts=prompts,
+        group_size=group_size,
+        target_lengths=target_lengths,
+    )
+
+
+def assign_from_seed(
+    seed: int,
+    *,
+    num_problems: int,
+    prompts: int,
+    group_size: int,
+    target_lengths: list[int],
+) -> Assignment:
+    """The prompts of the assignment with this seed; pure, so every party computes the same."""
     rng = np.random.default_rng(seed)
     indices = rng.integers(0, num_problems, size=prompts).tolist()
     targets = (

@@ -27,13 +27,20 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _trainer(args: argparse.Namespace) -> int:
+    from swarmrl.identity import KeyFileError, load_identity
+    from swarmrl.protocol import PoolClient, PoolRefused
     from swarmrl.trainer.distributed import relaunch_under_torchrun
     from swarmrl.trainer.metrics import StepMetrics
     from swarmrl.trainer.trainer import Trainer
 
     cfg = config_from_args(args)
     relaunch_under_torchrun(cfg.trainer.ranks)
-    trainer = Trainer(cfg, Path(args.start_model))
+    try:
+        client = PoolClient(args.orchestrator, load_identity(args.key))
+        trainer = Trainer(cfg, Path(args.start_model), client, origin_url=args.origin_url)
+    except (KeyFileError, PoolRefused) as exc:
+        print(f"swarmrl trainer: {exc}", file=sys.stderr)
+        return 1
     shown = {
         "step",
         "reward",
@@ -54,19 +61,32 @@ def _trainer(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from swarmrl.identity import KeyFileError, load_identity
     from swarmrl.inference.worker import run_worker
+    from swarmrl.protocol import PoolRefused
 
     cfg = config_from_args(args)
-    written = run_worker(cfg, args.address)
-    print(f"worker {args.address}: wrote {written} rollout files", flush=True)
+    try:
+        identity = load_identity(args.key)
+        counts = run_worker(cfg, args.orchestrator, identity, args.workdir)
+    except (KeyFileError, PoolRefused) as exc:
+        print(f"swarmrl worker: {exc}", file=sys.stderr)
+        return 1
+    print(f"worker {identity.address}: {json.dumps(vars(counts))}", flush=True)
     return 0
 
 
 def _validator(args: argparse.Namespace) -> int:
+    from swarmrl.identity import KeyFileError, load_identity
+    from swarmrl.protocol import PoolClient, PoolRefused
     from swarmrl.validator.service import run_validator
 
     cfg = config_from_args(args)
-    counts = run_validator(cfg)
+    try:
+        counts = run_validator(cfg, PoolClient(args.orchestrator, load_identity(args.key)))
+    except (KeyFileError, PoolRefused) as exc:
+        print(f"swarmrl validator: {exc}", file=sys.stderr)
+        return 1
     print(f"validator: {json.dumps(counts)}", flush=True)
     return 0
 
@@ -121,25 +141,54 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="model directory to start from when the run has no checkpoint",
     )
+    p.add_argument("--orchestrator", required=True, help="the orchestrator's URL")
+    p.add_argument(
+        "--key", type=Path, required=True, help="the trainer's key file (on the allowlist)"
+    )
+    p.add_argument(
+        "--origin-url",
+        required=True,
+        help="URL of the trainer's SHARDCAST origin (serving <run>/shardcast/origin), "
+        "announced to relays and workers",
+    )
     p.set_defaults(func=_trainer)
 
-    p = sub.add_parser("worker", help="run one inference worker process of a run")
+    p = sub.add_parser(
+        "worker",
+        help="run one inference worker: take assignments from an orchestrator, upload rollouts",
+        description="Register with the orchestrator as a worker, fetch its checkpoints through "
+        "SHARDCAST, generate the assigned rollouts with their TOPLOC proofs and upload them; "
+        "stops when the run is finished. The sampling and task options must match the run's.",
+    )
     add_config_arguments(p)
+    p.add_argument("--orchestrator", required=True, help="the orchestrator's URL")
     p.add_argument(
-        "--address",
+        "--key",
+        type=Path,
         required=True,
-        help="this worker's address (names its rollout files and seeds its assignments)",
+        help="this worker's key file (`swarmrl keygen`); its address is the worker's identity",
+    )
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        required=True,
+        help="the worker's own folder: policy cache, outbox, stats.jsonl (never the run folder)",
     )
     p.set_defaults(func=_worker)
 
     p = sub.add_parser(
         "validator",
-        help="run the validator process of a run: judge a secret random fraction of its rollout files as they arrive",
-        description="Watch <run>/rollouts, validate the files chosen by HMAC(secret, file hash) < validator.fraction "
-        "with the claimed checkpoints, and append one verdict per judged file to "
-        "<run>/validator/verdicts.jsonl; stops when the trainer is done (docs/validator.md).",
+        help="run the validator of a pool: judge the files the orchestrator hands out",
+        description="Register with the orchestrator as the validator, judge each file it hands "
+        "out (its secret random fraction) with the claimed checkpoint fetched through SHARDCAST, "
+        "post the signed verdict and append it to <run>/validator/verdicts.jsonl; stops when the "
+        "run is finished (docs/validator.md).",
     )
     add_config_arguments(p)
+    p.add_argument("--orchestrator", required=True, help="the orchestrator's URL")
+    p.add_argument(
+        "--key", type=Path, required=True, help="the validator's key file (on the allowlist)"
+    )
     p.set_defaults(func=_validator)
 
     p = sub.add_parser(

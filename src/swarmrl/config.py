@@ -123,7 +123,7 @@ class WorkerConfig(_Section):
 class ShardcastConfig(_Section):
     enabled: bool = Field(
         True,
-        description="broadcast checkpoints through a SHARDCAST origin and relays (workers fetch from the relays); off = workers read the checkpoint folder",
+        description="the trainer publishes checkpoints through a SHARDCAST origin; workers and the validator fetch them only that way, so a pool needs it on",
     )
     relays: int = Field(
         1,
@@ -136,9 +136,6 @@ class ShardcastConfig(_Section):
     keep: int = Field(4, ge=1, description="versions the origin keeps listed")
     poll_seconds: float = Field(
         0.2, gt=0, description="how often a relay checks its upstream for new versions"
-    )
-    servers: list[str] = Field(
-        [], description="server URLs workers fetch checkpoints from (`swarmrl run` fills this in)"
     )
 
 
@@ -200,7 +197,7 @@ class ValidatorConfig(_Section):
         0.1,
         ge=0,
         le=1,
-        description="fraction of rollout files the validator process of `swarmrl run` checks, chosen by HMAC(secret, file hash) so a worker cannot tell which (0 = no validator process)",
+        description="fraction of uploaded rollout files the orchestrator hands to the validator, chosen by HMAC(secret, file hash) so a worker cannot tell which (0 = no validator process)",
     )
     toploc: str = Field(
         "fp32",
@@ -219,6 +216,36 @@ class ValidatorConfig(_Section):
     threads: int = Field(1, ge=1, description="torch threads for the validator process")
     poll_seconds: float = Field(
         0.5, gt=0, description="how often the validator looks for new rollout files"
+    )
+
+
+class PoolConfig(_Section):
+    port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="loopback port of the orchestrator `swarmrl run` starts (0 = a free port, chosen once per run so a restarted orchestrator keeps its URL)",
+    )
+    surplus: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="extra share of a step's need the orchestrator issues to cover lapses and rejects",
+    )
+    heartbeat_seconds: float = Field(
+        2.0,
+        gt=0,
+        description="interval members heartbeat at (a worker learns of a new checkpoint or the run's end from its heartbeat)",
+    )
+    dead_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="silence after which a member is declared dead (its open assignments are reissued); half of it makes it unhealthy. Generous: on a loaded machine a busy process's heartbeats come late",
+    )
+    assignment_seconds: float = Field(
+        300.0,
+        gt=0,
+        description="deadline of an assignment; a worker that misses it loses it and it is reissued",
     )
 
 
@@ -276,6 +303,9 @@ class RunConfig(_Section):
     )
     validator: ValidatorConfig = Field(
         default_factory=ValidatorConfig, description="the validator process"
+    )
+    pool: PoolConfig = Field(
+        default_factory=PoolConfig, description="the orchestrator `swarmrl run` starts"
     )
     supervision: SupervisionConfig = Field(
         default_factory=SupervisionConfig,

@@ -1,19 +1,26 @@
-"""`swarmrl run`: a whole swarm on one machine, from warm start to held-out evaluation.
+"""`swarmrl run`: a whole pool on one machine, from warm start to held-out evaluation.
 
-Starts the trainer, N inference workers and a validator (judging a secret random
-fraction of the rollout files) as separate processes. Checkpoints travel
-trainer -> SHARDCAST origin (served from this process) -> a chain of relay processes ->
-workers; rollout files travel back through the run folder. Finally evaluates the
-starting and the final checkpoint on the held-out split and writes
-`<output_dir>/<run_name>/summary.json`, including the bytes each server served, the
-validator's verdict counts and the restarts of each process.
+Starts, on loopback, the orchestrator (SQLite ledger, rollout store, secret and
+allowlist in `<run>/orchestrator/`), the trainer with its SHARDCAST origin (served from
+this process), a chain of relays, N inference workers and a validator, as separate
+processes that meet only through the orchestrator: workers register, heartbeat, take
+assignments, fetch checkpoints from the relays and upload their rollout files; the
+trainer downloads a step's files and announces each checkpoint; the validator judges
+the files the orchestrator hands it (a secret random fraction). Each trusted role has a
+key in `<run>/keys/`; each worker has its own folder (key, policy cache, outbox) beside
+the run folder, `<output_dir>/<run_name>.workers/worker-<i>/`, and never touches the
+run folder. Finally evaluates the starting and the final checkpoint on the held-out
+split and writes `<output_dir>/<run_name>/summary.json`: accuracy, the samples workers
+uploaded against those the trainer read, the bytes each server served, the validator's
+verdict counts, the ledger's consistency and the restarts of each process.
 
 - One run, one folder: a run folder is resumed only by a run with the same start model,
   task and recipe (`config.run_differences`); anything else is refused with what
-  differs, and `--fresh` (or another `--run_name`) starts over.
+  differs, and `--fresh` (or another `--run_name`) starts over. Keys are reused on resume.
 - Supervision (`supervisor.py`): a process that dies is restarted with backoff and
-  resumes (the trainer from its last checkpoint, the relay and validator from their
-  folders, a worker from scratch); one that keeps dying ends the run with its log tail.
+  resumes (the orchestrator from its ledger on the same port, the trainer from its last
+  checkpoint, the relay and validator from their folders, a worker from its folder); one
+  that keeps dying ends the run with its log tail.
 - SIGINT / SIGTERM stop every process of the run (a second signal kills them at once)
   and say how to resume.
 """
@@ -21,27 +28,32 @@ validator's verdict counts and the restarts of each process.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
 import socket
 import time
 import urllib.request
-from datetime import datetime
 from pathlib import Path
 from types import FrameType
 
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy import select
 
 from swarmrl.checkpoints import checkpoint_dir, latest_checkpoint
 from swarmrl.config import ConfigError, RunConfig, load_config, run_differences
 from swarmrl.display import StepDisplay, counted
 from swarmrl.evaluation import evaluate
+from swarmrl.identity import Identity, generate_key_file, load_identity
 from swarmrl.jsonl import read_jsonl
+from swarmrl.ledger import Ledger, check_ledger
+from swarmrl.ledger.models import Submission
 from swarmrl.model.build import ensure_default_model
-from swarmrl.runfolder import RunFolder, step_of_folder
-from swarmrl.supervisor import Role, Supervisor, SwarmError
+from swarmrl.protocol import models as api
+from swarmrl.runfolder import RunFolder
+from swarmrl.supervisor import Role, Supervisor, SwarmError, tail
 from swarmrl.tasks.registry import build_task
 from swarmrl.trainer.metrics import read_metrics
 from swarmrl.validator.service import verdict_counts
@@ -51,6 +63,7 @@ __all__ = ["RunInterrupted", "SwarmError", "run_swarm"]
 EVAL_BATCH = 64  # problems per evaluation batch: the bar's count advances per batch
 WAIT_REPORT_SECONDS = 60.0  # a trainer wait longer than this is reported, and then again
 FINISH_TIMEOUT = {"validator": 120.0, "worker": 60.0}  # after the trainer is done
+ORCHESTRATOR_START_SECONDS = 120.0  # the first answer of a freshly started orchestrator
 
 
 class RunInterrupted(Exception):
@@ -117,6 +130,9 @@ def prepare_folder(cfg: RunConfig, fresh: bool, console: Console) -> int | None:
     if fresh and folder.root.exists():
         shutil.rmtree(folder.root)
         console.print(f"--fresh: removed the previous run folder {folder.root}")
+    if fresh and folder.workers.exists():
+        shutil.rmtree(folder.workers)
+        console.print(f"--fresh: removed the previous workers' folders {folder.workers}")
     if not folder.config.exists():
         return None
     start_over = f"choose another --run_name, or add --fresh to delete {folder.root} and start over"
@@ -135,11 +151,11 @@ def prepare_folder(cfg: RunConfig, fresh: bool, console: Console) -> int | None:
     return latest_checkpoint(folder.checkpoints)
 
 
-def _proof_figures(logs: Path) -> dict[str, float | None]:
-    """From the workers' per-file logs: TOPLOC proof building's CPU time, and the time
+def _proof_figures(workers: Path) -> dict[str, float | None]:
+    """From the workers' per-file stats: TOPLOC proof building's CPU time, and the time
     generation waited for it (it is built off the generation loop), each over generation time."""
     gen = proofs = waited = 0.0
-    for path in logs.glob("worker-*.jsonl"):
+    for path in workers.glob("worker-*/stats.jsonl"):
         for record in read_jsonl(path):  # a line cut short by a killed worker is skipped
             try:
                 gen += record["gen_seconds"]
@@ -153,7 +169,7 @@ def _proof_figures(logs: Path) -> dict[str, float | None]:
     }
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -167,10 +183,13 @@ def _server_bytes(url: str) -> int | None:
         return None
 
 
-def wait_report(folder: RunFolder, now: float, step: int) -> tuple[int, float, str] | None:
+def wait_report(
+    folder: RunFolder, now: float, step: int, pool: api.StepStatus | None
+) -> tuple[int, float, str] | None:
     """The trainer's wait for `step` (the next step to train) as (step, seconds waited,
     one line), or None when its status is about another step (a step whose samples were
-    all there at once leaves the previous step's status in place) or being replaced."""
+    all there at once leaves the previous step's status in place) or being replaced.
+    `pool` is the orchestrator's view of the step (None: it did not answer)."""
     try:
         status = json.loads(folder.trainer_status.read_text())
         usable, needed, since = (
@@ -182,43 +201,166 @@ def wait_report(folder: RunFolder, now: float, step: int) -> tuple[int, float, s
             return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    newest = 0.0
-    for path in folder.rollouts.glob("step_*/*.parquet"):
-        if (step_of_folder(path.parent) or -1) >= step:
-            try:
-                newest = max(newest, path.stat().st_mtime)
-            except OSError:
-                continue
-    wrote = (
-        f"workers last wrote at {datetime.fromtimestamp(newest).strftime('%H:%M:%S')}"
-        if newest
-        else "no worker has written a file for it yet"
-    )
+    if pool is None:
+        seen = "the orchestrator did not answer"
+    elif pool.submissions == 0:
+        seen = f"no file uploaded for it yet, {pool.open_assignments} assignment(s) open"
+    else:
+        seen = (
+            f"{pool.submissions} file(s) uploaded for it, {pool.open_assignments} assignment(s) "
+            f"open, {pool.lapsed_assignments} lapsed"
+        )
     waited = now - since
     return (
         step,
         waited,
-        f"step {step}: {usable}/{needed} usable samples after {waited:.0f} s; {wrote}",
+        f"step {step}: {usable}/{needed} usable samples after {waited:.0f} s; {seen}",
     )
 
 
-def _roles(
+def ensure_key(path: Path) -> Identity:
+    """The key in `path`: written (mode 0600) for a new run, reused when it resumes."""
+    if path.exists():
+        return load_identity(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return generate_key_file(path)
+
+
+def trusted_roles(cfg: RunConfig) -> dict[str, api.Role]:
+    """The run's processes that the orchestrator admits by allowlist: name -> role."""
+    roles: dict[str, api.Role] = {"trainer": "trainer"}
+    roles.update({f"relay-{i}": "relay" for i in range(cfg.shardcast.relays)})
+    if cfg.validator.fraction > 0:
+        roles["validator"] = "validator"
+    return roles
+
+
+def prepare_pool(cfg: RunConfig) -> dict[str, Path]:
+    """Keys for every process (the trusted roles' in `<run>/keys/`, each worker's in its
+    own folder) and the allowlist naming the trusted roles' addresses; returns each
+    process's key file."""
+    folder = cfg.folder
+    keys: dict[str, Path] = {}
+    lines = ["# written by `swarmrl run`: the addresses of the run's trusted processes"]
+    for name, role in trusted_roles(cfg).items():
+        keys[name] = folder.key(name)
+        lines.append(f"{ensure_key(keys[name]).address} {role}  # {name}")
+    for i in range(cfg.worker.count):
+        keys[f"worker-{i}"] = folder.worker_dir(i) / "key"
+        ensure_key(keys[f"worker-{i}"])
+    folder.orchestrator.mkdir(parents=True, exist_ok=True)
+    tmp = folder.allowlist.with_name(f".{folder.allowlist.name}.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(folder.allowlist)
+    return keys
+
+
+def ledger_url(folder: RunFolder) -> str:
+    return f"sqlite:///{folder.ledger.resolve()}"
+
+
+def orchestrator_role(cfg: RunConfig, port: int) -> Role:
+    folder = cfg.folder
+    args = [
+        "orchestrator",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--ledger",
+        ledger_url(folder),
+        "--store",
+        str(folder.store.resolve()),
+        "--secret-file",
+        str(folder.secret.resolve()),
+        "--allowlist",
+        str(folder.allowlist.resolve()),
+        "--run-id",
+        cfg.run_name,
+        "--batch-samples",
+        str(cfg.trainer.batch_samples),
+        "--prompts-per-assignment",
+        str(cfg.worker.prompts_per_file),
+        "--group-size",
+        str(cfg.sampling.group_size),
+        "--async-level",
+        str(cfg.async_level),
+        "--surplus",
+        str(cfg.pool.surplus),
+        "--validation-fraction",
+        str(cfg.validator.fraction),
+        "--heartbeat-seconds",
+        str(cfg.pool.heartbeat_seconds),
+        "--unhealthy-after",
+        str(max(1, math.ceil(cfg.pool.dead_seconds / 2 / cfg.pool.heartbeat_seconds))),
+        "--dead-after",
+        str(max(1, math.ceil(cfg.pool.dead_seconds / cfg.pool.heartbeat_seconds))),
+        "--assignment-seconds",
+        str(cfg.pool.assignment_seconds),
+    ]
+    if cfg.trainer.steps > 0:
+        args += ["--steps", str(cfg.trainer.steps)]
+    return Role("orchestrator", args, folder.log("orchestrator"), finishes=False)
+
+
+def pool_status(url: str, timeout: float = 5.0) -> api.PoolStatus | None:
+    """The orchestrator's `/v1/status`, or None while it does not answer."""
+    try:
+        with urllib.request.urlopen(f"{url}/v1/status", timeout=timeout) as response:
+            return api.PoolStatus.model_validate_json(response.read())
+    except (OSError, ValueError):
+        return None
+
+
+def wait_for_orchestrator(sup: Supervisor, url: str) -> None:
+    """Until the orchestrator answers; a start that keeps failing ends the run (SwarmError)."""
+    deadline = time.monotonic() + ORCHESTRATOR_START_SECONDS
+    while pool_status(url) is None:
+        sup.poll()
+        if time.monotonic() > deadline:
+            raise SwarmError(
+                f"the orchestrator did not answer at {url} within {ORCHESTRATOR_START_SECONDS:.0f} s; "
+                f"last lines of {sup.roles['orchestrator'].role.log}:\n"
+                f"{tail(sup.roles['orchestrator'].role.log)}"
+            )
+        time.sleep(0.2)
+
+
+def pool_roles(
     cfg: RunConfig,
-    folder: RunFolder,
     start_model: Path,
+    url: str,
+    keys: dict[str, Path],
     relay_ports: list[int],
-    upstream: str | None,
+    origin: str,
 ) -> list[Role]:
+    """Every process of the run but the orchestrator, in start order."""
+    folder = cfg.folder
     config_path = str(folder.config)
+    pool = ["--orchestrator", url]
     roles = []
+    upstream = origin
     for i, port in enumerate(relay_ports):
-        root = folder.shardcast / f"relay-{i}"
-        args = ["relay", "--upstream", str(upstream), "--root", str(root), "--port", str(port)]
+        name = f"relay-{i}"
+        root = folder.shardcast / name
         roles.append(
             Role(
-                f"relay-{i}",
-                [*args, "--poll-s", str(cfg.shardcast.poll_seconds)],
-                folder.log(f"relay-{i}"),
+                name,
+                [
+                    "relay",
+                    *pool,
+                    "--key",
+                    str(keys[name]),
+                    "--upstream",
+                    upstream,
+                    "--root",
+                    str(root),
+                    "--port",
+                    str(port),
+                    "--poll-s",
+                    str(cfg.shardcast.poll_seconds),
+                ],
+                folder.log(name),
                 finishes=False,
             )
         )
@@ -226,17 +368,38 @@ def _roles(
     roles.append(
         Role(
             "trainer",
-            ["trainer", "--config", config_path, "--start-model", str(start_model)],
+            [
+                "trainer",
+                "--config",
+                config_path,
+                "--start-model",
+                str(start_model),
+                *pool,
+                "--key",
+                str(keys["trainer"]),
+                "--origin-url",
+                origin,
+            ],
             folder.log("trainer"),
             cfg.trainer.threads,
         )
     )
     for i in range(cfg.worker.count):
+        name = f"worker-{i}"
         roles.append(
             Role(
-                f"worker-{i}",
-                ["worker", "--config", config_path, "--address", f"worker-{i}"],
-                folder.log(f"worker-{i}"),
+                name,
+                [
+                    "worker",
+                    "--config",
+                    config_path,
+                    *pool,
+                    "--key",
+                    str(keys[name]),
+                    "--workdir",
+                    str(folder.worker_dir(i)),
+                ],
+                folder.log(name),
                 cfg.worker.threads,
             )
         )
@@ -244,7 +407,7 @@ def _roles(
         roles.append(
             Role(
                 "validator",
-                ["validator", "--config", config_path],
+                ["validator", "--config", config_path, *pool, "--key", str(keys["validator"])],
                 folder.log("validator"),
                 cfg.validator.threads,
             )
@@ -252,7 +415,7 @@ def _roles(
     return roles
 
 
-def _supervise(cfg: RunConfig, sup: Supervisor, display: StepDisplay) -> None:
+def _supervise(cfg: RunConfig, sup: Supervisor, display: StepDisplay, url: str) -> None:
     """Watch the processes until the trainer is done, report its long waits, then let
     the workers and the validator finish."""
     folder = cfg.folder
@@ -261,14 +424,19 @@ def _supervise(cfg: RunConfig, sup: Supervisor, display: StepDisplay) -> None:
         sup.poll()
         records = read_metrics(folder.metrics)
         display.update(records)
-        report = wait_report(folder, time.time(), records[-1].step + 1 if records else 0)
+        step = records[-1].step + 1 if records else 0
+        report = wait_report(folder, time.time(), step, None)
         if report is not None:
-            step, waited, line = report
+            _, waited, _ = report
             if (
                 waited >= WAIT_REPORT_SECONDS
                 and waited - reported_at.get(step, 0.0) >= WAIT_REPORT_SECONDS
             ):
-                display.say(line)
+                status = pool_status(url)
+                seen = next((s for s in status.steps if s.step == step), None) if status else None
+                report = wait_report(folder, time.time(), step, seen)
+                if report is not None:
+                    display.say(report[2])
                 reported_at[step] = waited
         time.sleep(0.5)
     display.update(read_metrics(folder.metrics))
@@ -286,6 +454,24 @@ def _supervise(cfg: RunConfig, sup: Supervisor, display: StepDisplay) -> None:
                 display.say(f"{name} still running after the trainer finished; stopping it")
                 del deadline[name]
         time.sleep(0.2)
+
+
+def ledger_figures(folder: RunFolder) -> dict:
+    """What the ledger says once the orchestrator has stopped: the files and samples the
+    workers uploaded, and every broken invariant (nothing lost or counted twice)."""
+    ledger = Ledger(ledger_url(folder))
+    try:
+        with ledger.session() as session:
+            submissions = list(session.scalars(select(Submission)))
+            problems = check_ledger(session)
+    finally:
+        ledger.close()
+    return {
+        "files_uploaded": len(submissions),
+        "samples_generated": sum(s.num_samples for s in submissions),
+        "files_trained": sum(s.trained_step is not None for s in submissions),
+        "ledger_problems": problems,
+    }
 
 
 def run_swarm(cfg: RunConfig, console: Console | None = None, fresh: bool = False) -> dict:
@@ -356,47 +542,43 @@ def _run(cfg: RunConfig, console: Console, fresh: bool, supervisor: list[Supervi
         )
 
     if (latest_checkpoint(folder.checkpoints) or 0) < cfg.trainer.steps:
-        # Resuming a finished run with more steps: workers must not stop at once.
+        # Resuming a finished run with more steps: the trainer must not report done at once.
         folder.trainer_done.unlink(missing_ok=True)
+    keys = prepare_pool(cfg)
     sup = Supervisor(cfg.supervision, folder.processes, console.print)
     supervisor.append(sup)
-    origin_server = None
-    server_urls: dict[str, str] = {}
-    relay_ports: list[int] = []
-    if cfg.shardcast.enabled:
-        from swarmrl.shardcast.server import start_server
+    from swarmrl.shardcast.server import start_server
 
-        origin_root = folder.shardcast / "origin"
-        origin_root.mkdir(parents=True, exist_ok=True)
-        origin_server = start_server(origin_root)
-        server_urls["origin"] = origin_server.url
-        # A restarted relay comes back on the same port: workers keep their server list.
-        relay_ports = [_free_port() for _ in range(cfg.shardcast.relays)]
-        for i, port in enumerate(relay_ports):
-            server_urls[f"relay-{i}"] = f"http://127.0.0.1:{port}"
-        last = server_urls[f"relay-{len(relay_ports) - 1}"]
-        cfg = cfg.model_copy(
-            update={"shardcast": cfg.shardcast.model_copy(update={"servers": [last]})}
-        )
-        folder.config.write_text(cfg.model_dump_json(indent=2))
-        console.print(
-            f"checkpoints: origin {origin_server.url} -> "
-            + " -> ".join(f"{name} {url}" for name, url in server_urls.items() if name != "origin")
-            + " -> workers"
-        )
+    origin_root = folder.shardcast / "origin"
+    origin_root.mkdir(parents=True, exist_ok=True)
+    origin_server = start_server(origin_root)
+    # Fixed ports: a restarted orchestrator or relay comes back at the URL the others know.
+    port = cfg.pool.port or free_port()
+    url = f"http://127.0.0.1:{port}"
+    server_urls = {"origin": origin_server.url}
+    relay_ports = [free_port() for _ in range(cfg.shardcast.relays)]
+    for i, relay_port in enumerate(relay_ports):
+        server_urls[f"relay-{i}"] = f"http://127.0.0.1:{relay_port}"
+    console.print(f"orchestrator {url}; ledger {folder.ledger}")
+    console.print(
+        f"checkpoints: origin {origin_server.url} -> "
+        + " -> ".join(f"{name} {u}" for name, u in server_urls.items() if name != "origin")
+        + " -> workers"
+    )
     try:
-        for role in _roles(cfg, folder, start_model, relay_ports, server_urls.get("origin")):
+        sup.start(orchestrator_role(cfg, port))
+        wait_for_orchestrator(sup, url)
+        for role in pool_roles(cfg, start_model, url, keys, relay_ports, origin_server.url):
             sup.start(role)
         earlier = read_metrics(folder.metrics)
         shown = earlier[-1].step if earlier else -1
         with StepDisplay(console, cfg.trainer.steps, started, shown) as display:
             sup.notify = display.say
-            _supervise(cfg, sup, display)
-        served = {name: _server_bytes(url) for name, url in server_urls.items()}
+            _supervise(cfg, sup, display, url)
+        served = {name: _server_bytes(u) for name, u in server_urls.items()}
     finally:
         sup.stop()
-        if origin_server is not None:
-            origin_server.stop()
+        origin_server.stop()
 
     final_step = latest_checkpoint(folder.checkpoints)
     after = None
@@ -408,6 +590,8 @@ def _run(cfg: RunConfig, console: Console, fresh: bool, supervisor: list[Supervi
                 checkpoint_dir(folder.checkpoints, final_step), task, cfg, EVAL_BATCH, advance
             )
     records = read_metrics(folder.metrics)
+    pool = ledger_figures(folder)
+    samples_read = sum(r.samples_read for r in records)
     wait = sum(r.wait_seconds for r in records)
     busy = sum(r.step_seconds for r in records)
     restarts = {name: sup.restarts.get(name, 0) for name in sup.roles}
@@ -425,11 +609,18 @@ def _run(cfg: RunConfig, console: Console, fresh: bool, supervisor: list[Supervi
         "steps": len(records),
         "final_step": final_step,
         "samples_trained": sum(r.samples for r in records),
-        "samples_generated": sum(r.samples_read for r in records),
+        "samples_read": samples_read,
+        "samples_generated": pool["samples_generated"],
+        "generated_per_read": round(pool["samples_generated"] / samples_read, 3)
+        if samples_read
+        else None,
+        "files_uploaded": pool["files_uploaded"],
+        "files_trained": pool["files_trained"],
+        "ledger_problems": pool["ledger_problems"],
         "staleness_max": max((r.staleness_max for r in records), default=None),
         "trainer_idle_fraction": wait / busy if busy else None,
         "bytes_served": served,
-        **_proof_figures(folder.logs),
+        **_proof_figures(folder.workers),
         "validation": {"fraction": cfg.validator.fraction, **verdict_counts(folder.root)}
         if cfg.validator.fraction > 0
         else None,

@@ -10,10 +10,17 @@
   processes.json           `swarmrl run`'s processes: pid (= process group) and restarts
   checkpoints/step_<n>/    Hugging Face model directories (checkpoints.py writes them)
   checkpoints/trainer_state/step_<n>/     the trainer's resume state (sharded, trainer/state.py)
-  rollouts/step_<n>/       rollout files for training step n
+  orchestrator/            ledger.db (SQLite ledger), rollouts/ (the store of uploaded
+                           files), secret, allowlist (the trusted roles' addresses)
+  keys/<role>.key          the trainer's, validator's and relays' keys
+  trainer/inbox/           uploaded files the trainer downloaded
+  validator/inbox/         uploaded files the validator downloaded
   validator/verdicts.jsonl one verdict per judged rollout file
-  logs/<process>.log       each process's output; logs/<worker>.jsonl per-file worker stats
+  logs/<process>.log       each process's output (written by `swarmrl run`)
   shardcast/               the origin's and relays' stores
+<output_dir>/<run_name>.workers/worker-<i>/
+                           a worker's own folder, outside the run folder: its key,
+                           policy cache, outbox and stats.jsonl
 ```
 """
 
@@ -74,6 +81,8 @@ class RunFolder:
 
     @property
     def rollouts(self) -> Path:
+        """Not written by any role of a pool (files travel as uploads); tests use it as a
+        place for rollout files named by step."""
         return self.root / "rollouts"
 
     def rollout_step(self, step: int) -> Path:
@@ -94,12 +103,50 @@ class RunFolder:
     def log(self, process: str) -> Path:
         return self.logs / f"{process}.log"
 
-    def worker_stats(self, address: str) -> Path:
-        return self.logs / f"{address}.jsonl"
+    @property
+    def orchestrator(self) -> Path:
+        return self.root / "orchestrator"
+
+    @property
+    def ledger(self) -> Path:
+        return self.orchestrator / "ledger.db"
+
+    @property
+    def store(self) -> Path:
+        return self.orchestrator / "rollouts"
+
+    @property
+    def secret(self) -> Path:
+        return self.orchestrator / "secret"
+
+    @property
+    def allowlist(self) -> Path:
+        return self.orchestrator / "allowlist"
+
+    @property
+    def keys(self) -> Path:
+        return self.root / "keys"
+
+    def key(self, role: str) -> Path:
+        return self.keys / f"{role}.key"
+
+    @property
+    def trainer_inbox(self) -> Path:
+        return self.root / "trainer" / "inbox"
+
+    @property
+    def validator_inbox(self) -> Path:
+        return self.validator / "inbox"
+
+    @property
+    def workers(self) -> Path:
+        """The workers' folders: beside the run folder, never inside it (a worker never
+        reads or writes the run folder)."""
+        return self.root.parent / f"{self.root.name}.workers"
+
+    def worker_dir(self, index: int) -> Path:
+        return self.workers / f"worker-{index}"
 
     @property
     def shardcast(self) -> Path:
         return self.root / "shardcast"
-
-    def worker_cache(self, address: str) -> Path:
-        return self.root / "worker_cache" / address

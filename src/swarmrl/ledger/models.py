@@ -85,7 +85,11 @@ class Checkpoint(Base):
 
 
 class Step(Base):
-    """A rollout step: how many usable samples it needs, and whether it is full."""
+    """A rollout step: how many usable samples it needs, and whether it is full.
+
+    Once the trainer reports its own count (`trainer_*`), that count replaces the
+    workers' claims for the files it counted: a worker's `num_nonzero` can be a lie.
+    """
 
     __tablename__ = "steps"
 
@@ -93,6 +97,10 @@ class Step(Base):
     target_samples: Mapped[int] = mapped_column(Integer)
     opened_at: Mapped[float] = mapped_column(Float)
     full_at: Mapped[float | None] = mapped_column(Float)
+    trainer_usable: Mapped[int | None] = mapped_column(Integer)
+    trainer_read: Mapped[int | None] = mapped_column(Integer)
+    trainer_full: Mapped[bool] = mapped_column(Boolean, default=False)
+    reported_at: Mapped[float | None] = mapped_column(Float)
 
 
 class Assignment(Base):
@@ -139,6 +147,8 @@ class Submission(Base):
     uploaded_at: Mapped[float] = mapped_column(Float)
     trained_step: Mapped[int | None] = mapped_column(Integer)
     trained_at: Mapped[float | None] = mapped_column(Float)
+    # The trainer has read this file and its samples are in the step's trainer count.
+    counted: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class Verdict(Base):

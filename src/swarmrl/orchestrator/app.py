@@ -308,6 +308,24 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
         return api.MarkTrainedResponse(marked=pool.mark_trained(caller.address, req))
 
     @app.post(
+        "/v1/steps/{step}/progress",
+        response_model=api.StepStatus,
+        responses={
+            **ERRORS,
+            422: {"model": api.Problem, "description": "a named file is no submission of the step"},
+        },
+        tags=["trainer"],
+    )
+    def progress(
+        step: Annotated[int, PathParam(ge=0, le=10**9)],
+        req: api.ProgressReport,
+        caller: Signed,
+    ) -> api.StepStatus:
+        """The trainer's own count of a step: it replaces the workers' claims for the files
+        it names, sets the observed yield, and `full` stops issuance for the step."""
+        return pool.report_progress(caller.address, step, req)
+
+    @app.post(
         "/v1/checkpoints", response_model=api.HeartbeatResponse, responses=ERRORS, tags=["trainer"]
     )
     def checkpoint(req: api.CheckpointAnnouncement, caller: Signed) -> api.HeartbeatResponse:

@@ -41,7 +41,8 @@ from swarmrl.orchestrator.store import RolloutStore
 from swarmrl.protocol import models as api
 from swarmrl.rollouts import read_rollouts
 
-YIELD_WINDOW = 64  # newest submissions the observed yield is measured over
+YIELD_WINDOW = 64  # newest submissions the claimed yield is measured over
+YIELD_STEPS = 4  # newest trainer-reported steps the observed yield is measured over
 LIVE = ("pending", "accepted")  # submissions a trainer may use
 ROLES: tuple[api.Role, ...] = get_args(api.Role)
 
@@ -280,14 +281,29 @@ class Pool:
     # -- assignments --------------------------------------------------------------------
 
     def _usable(self, s: Session, step: int) -> int:
-        total = s.scalar(
-            select(func.coalesce(func.sum(Submission.num_nonzero), 0)).where(
-                Submission.step == step, Submission.state.in_(LIVE)
-            )
+        """The trainer's count for the files it has read, plus the workers' claims for
+        files it has not read yet (a claim can be a lie, so it stands in only until then)."""
+        row = s.get(Step, step)
+        claimed = select(func.coalesce(func.sum(Submission.num_nonzero), 0)).where(
+            Submission.step == step, Submission.state.in_(LIVE)
         )
-        return int(total or 0)
+        if row is None or row.trainer_usable is None:
+            return int(s.scalar(claimed) or 0)
+        unread = s.scalar(claimed.where(Submission.counted.is_(False)))
+        return row.trainer_usable + int(unread or 0)
 
     def _observed_yield(self, s: Session) -> float:
+        """Usable share of the samples read: the trainer's counts over its newest reported
+        steps when it has reported any, the workers' claims on the newest files before."""
+        reported = s.execute(
+            select(Step.trainer_usable, Step.trainer_read)
+            .where(Step.trainer_read > 0)
+            .order_by(Step.step.desc())
+            .limit(YIELD_STEPS)
+        ).all()
+        read = sum(r or 0 for _, r in reported)
+        if read:
+            return sum(u or 0 for u, _ in reported) / read
         recent = s.execute(
             select(Submission.num_nonzero, Submission.num_samples)
             .order_by(Submission.uploaded_at.desc())
@@ -302,7 +318,7 @@ class Pool:
             row = Step(step=step, target_samples=self.config.batch_samples, opened_at=now)
             s.add(row)
         usable = self._usable(s, step)
-        if usable >= row.target_samples:
+        if row.trainer_full or usable >= row.target_samples:
             if row.full_at is None:
                 row.full_at = now
             return 0
@@ -465,12 +481,18 @@ class Pool:
     def submissions_for_step(self, trainer: str, step: int) -> api.SubmissionList:
         with self.ledger.session() as s:
             self.member(s, trainer, ["trainer"])
-            rows = s.scalars(
-                select(Submission)
+            rows = s.execute(
+                select(Submission, Assignment.seed)
+                .join(Assignment, Assignment.id == Submission.assignment_id)
                 .where(Submission.step == step, Submission.state.in_(LIVE))
                 .order_by(Submission.uploaded_at, Submission.file_hash)
             ).all()
-            return api.SubmissionList(step=step, submissions=[_submission_info(r) for r in rows])
+            return api.SubmissionList(
+                step=step,
+                submissions=[
+                    _submission_info(r).model_copy(update={"seed": seed}) for r, seed in rows
+                ],
+            )
 
     def stored_file(self, reader: str, file_hash: str) -> tuple[str, int]:
         """(stored name, size) of a submission, for the trainer and validators only."""
@@ -506,6 +528,41 @@ class Pool:
                 marked += 1
             return marked
 
+    def report_progress(self, trainer: str, step: int, req: api.ProgressReport) -> api.StepStatus:
+        """The trainer's own count of a step replaces the workers' claims for the files it
+        names; `full` stops issuance for the step."""
+        now = self.clock()
+        with self._lock, self.ledger.session() as s:
+            self.member(s, trainer, ["trainer"])
+            if req.usable > req.read:
+                raise Refusal(422, f"usable samples ({req.usable}) exceed those read ({req.read})")
+            files = list(dict.fromkeys(req.files))
+            subs = s.scalars(select(Submission).where(Submission.file_hash.in_(files))).all()
+            foreign = set(files) - {x.file_hash for x in subs if x.step == step}
+            if foreign:
+                raise Refusal(
+                    422,
+                    f"{len(foreign)} files are no submissions of step {step}, e.g. "
+                    f"{sorted(foreign)[0]}",
+                )
+            row = s.get(Step, step)
+            if row is None:
+                row = Step(step=step, target_samples=self.config.batch_samples, opened_at=now)
+                s.add(row)
+            row.trainer_usable = req.usable
+            row.trainer_read = req.read
+            row.trainer_full = req.full
+            row.reported_at = now
+            for sub in subs:
+                sub.counted = True
+            s.flush()
+            # Full by the claims may turn out not full by the trainer's count: reopened.
+            if req.full or self._usable(s, step) >= row.target_samples:
+                row.full_at = row.full_at or now
+            else:
+                row.full_at = None
+            return self._step_status(s, row)
+
     def announce_checkpoint(
         self, trainer: str, req: api.CheckpointAnnouncement
     ) -> api.HeartbeatResponse:
@@ -517,7 +574,8 @@ class Pool:
             if known is not None:
                 if known.blake3 != req.blake3:
                     raise Refusal(409, f"checkpoint {req.step} was announced with another hash")
-                known.final = known.final or req.final
+                # The trainer's word: a finished run resumed with more steps goes on.
+                known.final = req.final
             elif newest is not None and req.step < newest:
                 raise Refusal(409, f"checkpoint {req.step} is older than the newest ({newest})")
             else:
@@ -599,6 +657,31 @@ class Pool:
 
     # -- status -------------------------------------------------------------------------
 
+    def _step_status(self, s: Session, row: Step) -> api.StepStatus:
+        counts = dict(
+            s.execute(
+                select(Assignment.state, func.count())
+                .where(Assignment.step == row.step)
+                .group_by(Assignment.state)
+            ).all()
+        )
+        trained = s.scalar(
+            select(func.count()).where(
+                Submission.step == row.step, Submission.trained_step.is_not(None)
+            )
+        )
+        return api.StepStatus(
+            step=row.step,
+            target_samples=row.target_samples,
+            usable_samples=self._usable(s, row.step),
+            read_samples=row.trainer_read,
+            submissions=counts.get("returned", 0),
+            open_assignments=counts.get("issued", 0),
+            lapsed_assignments=counts.get("lapsed", 0),
+            trained=int(trained or 0),
+            full=row.full_at is not None,
+        )
+
     def status(self) -> api.PoolStatus:
         with self.ledger.session() as s:
             view = self._pool_view(s)
@@ -617,35 +700,10 @@ class Pool:
                     .order_by(Member.role, Member.address)
                 )
             ]
-            steps = []
-            for row in s.scalars(select(Step).order_by(Step.step.desc()).limit(20)):
-                counts = dict(
-                    s.execute(
-                        select(Assignment.state, func.count())
-                        .where(Assignment.step == row.step)
-                        .group_by(Assignment.state)
-                    ).all()
-                )
-                steps.append(
-                    api.StepStatus(
-                        step=row.step,
-                        target_samples=row.target_samples,
-                        usable_samples=self._usable(s, row.step),
-                        submissions=counts.get("returned", 0),
-                        open_assignments=counts.get("issued", 0),
-                        lapsed_assignments=counts.get("lapsed", 0),
-                        trained=int(
-                            s.scalar(
-                                select(func.count()).where(
-                                    Submission.step == row.step,
-                                    Submission.trained_step.is_not(None),
-                                )
-                            )
-                            or 0
-                        ),
-                        full=row.full_at is not None,
-                    )
-                )
+            steps = [
+                self._step_status(s, row)
+                for row in s.scalars(select(Step).order_by(Step.step.desc()).limit(20))
+            ]
             by_state = dict(
                 s.execute(select(Submission.state, func.count()).group_by(Submission.state)).all()
             )

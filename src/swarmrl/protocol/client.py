@@ -2,19 +2,28 @@
 
 Methods mirror the API, one per endpoint, and return the shared pydantic models. A
 refusal raises `PoolRefused` carrying the HTTP status and the orchestrator's reason.
+A connection error (the orchestrator restarting) is retried with doubling delays for up
+to `retry_seconds`, each attempt signed afresh; then `PoolUnreachable` is raised.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import IO
 from urllib.parse import urlencode
 
 import httpx
 from pydantic import BaseModel
 
+from swarmrl.backoff import backoff_delay
 from swarmrl.identity import Identity, body_digest, sign_request
 from swarmrl.protocol import models as api
+
+log = logging.getLogger("swarmrl.protocol")
 
 
 class PoolRefused(RuntimeError):
@@ -26,6 +35,10 @@ class PoolRefused(RuntimeError):
         self.detail = detail
 
 
+class PoolUnreachable(ConnectionError):
+    """The orchestrator did not answer within the client's retry budget."""
+
+
 def _file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -35,10 +48,19 @@ def _file_sha256(path: Path) -> str:
 
 
 class PoolClient:
-    def __init__(self, url: str, identity: Identity | None, timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        identity: Identity | None,
+        timeout: float = 60.0,
+        retry_seconds: float = 120.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.url = url.rstrip("/")
         self.identity = identity
         self.http = httpx.Client(base_url=self.url, timeout=timeout)
+        self.retry_seconds = retry_seconds
+        self.sleep = sleep
 
     def close(self) -> None:
         self.http.close()
@@ -62,21 +84,30 @@ class PoolClient:
         *,
         body: BaseModel | None = None,
         query: dict | None = None,
-        content=None,
+        open_content: Callable[[], IO[bytes]] | None = None,
         content_sha256: str | None = None,
         stream: bool = False,
     ) -> httpx.Response:
+        """One signed request, retried on connection errors; `open_content` opens a
+        streamed body anew for each attempt."""
         if query:
             path = f"{path}?{urlencode(query)}"
-        headers = {}
-        if body is not None:
-            content = body.model_dump_json().encode()
-            headers["Content-Type"] = "application/json"
-        digest = content_sha256 or body_digest(content or b"")
-        if self.identity is not None:
-            headers.update(sign_request(self.identity, method, path, digest))
-        request = self.http.build_request(method, path, content=content, headers=headers)
-        response = self.http.send(request, stream=stream)
+        give_up = time.monotonic() + self.retry_seconds
+        failures = 0
+        while True:
+            try:
+                response = self._attempt(method, path, body, open_content, content_sha256, stream)
+                break
+            except httpx.TransportError as exc:
+                failures += 1
+                delay = backoff_delay(failures, 0.25, 5.0)
+                if time.monotonic() + delay > give_up:
+                    raise PoolUnreachable(
+                        f"{method} {path}: orchestrator at {self.url} unreachable for "
+                        f"{self.retry_seconds:.0f} s ({exc.__class__.__name__}: {exc})"
+                    ) from exc
+                log.warning("%s %s: %s; retrying in %.2f s", method, path, exc, delay)
+                self.sleep(delay)
         if response.status_code >= 400:
             if stream:
                 response.read()
@@ -86,6 +117,33 @@ class PoolClient:
                 detail = response.text
             raise PoolRefused(response.status_code, str(detail), method, path)
         return response
+
+    def _attempt(
+        self,
+        method: str,
+        path: str,
+        body: BaseModel | None,
+        open_content: Callable[[], IO[bytes]] | None,
+        content_sha256: str | None,
+        stream: bool,
+    ) -> httpx.Response:
+        headers = {}
+        content: bytes | IO[bytes] | None = None
+        if body is not None:
+            content = body.model_dump_json().encode()
+            headers["Content-Type"] = "application/json"
+        digest = content_sha256 or body_digest(content if isinstance(content, bytes) else b"")
+        if self.identity is not None:
+            headers.update(sign_request(self.identity, method, path, digest))
+        fh = open_content() if open_content is not None else None
+        try:
+            request = self.http.build_request(
+                method, path, content=fh if fh is not None else content, headers=headers
+            )
+            return self.http.send(request, stream=stream)
+        finally:
+            if fh is not None:
+                fh.close()
 
     # -- every member -------------------------------------------------------------------
 
@@ -113,14 +171,13 @@ class PoolClient:
         """Stream a rollout file for an open assignment; its SHA-256 is signed."""
         path = Path(path)
         sha256 = _file_sha256(path)
-        with open(path, "rb") as fh:
-            r = self._send(
-                "PUT",
-                f"/v1/assignments/{assignment_id}/rollout",
-                query={"sha256": sha256},
-                content=fh,
-                content_sha256=sha256,
-            )
+        r = self._send(
+            "PUT",
+            f"/v1/assignments/{assignment_id}/rollout",
+            query={"sha256": sha256},
+            open_content=lambda: open(path, "rb"),  # noqa: SIM115 (_attempt closes it)
+            content_sha256=sha256,
+        )
         return api.SubmissionInfo.model_validate_json(r.content)
 
     # -- the trainer --------------------------------------------------------------------
@@ -130,18 +187,29 @@ class PoolClient:
         return api.SubmissionList.model_validate_json(r.content)
 
     def download(self, file_hash: str, dest: Path) -> Path:
-        """Fetch a submission's file to `dest` (written whole, then renamed); checks its hash."""
+        """Fetch a submission's file to `dest` (written whole, then renamed); checks its hash.
+        A connection lost mid-file starts the download again (within the retry budget)."""
         dest = Path(dest)
         tmp = dest.with_name(f".{dest.name}.part")
-        digest = hashlib.sha256()
-        response = self._send("GET", f"/v1/submissions/{file_hash}/file", stream=True)
-        try:
-            with open(tmp, "wb") as fh:
-                for block in response.iter_bytes():
-                    digest.update(block)
-                    fh.write(block)
-        finally:
-            response.close()
+        give_up = time.monotonic() + self.retry_seconds
+        failures = 0
+        while True:
+            digest = hashlib.sha256()
+            response = self._send("GET", f"/v1/submissions/{file_hash}/file", stream=True)
+            try:
+                with open(tmp, "wb") as fh:
+                    for block in response.iter_bytes():
+                        digest.update(block)
+                        fh.write(block)
+                break
+            except httpx.TransportError as exc:
+                failures += 1
+                delay = backoff_delay(failures, 0.25, 5.0)
+                if time.monotonic() + delay > give_up:
+                    raise PoolUnreachable(f"download of {file_hash} kept failing: {exc}") from exc
+                self.sleep(delay)
+            finally:
+                response.close()
         if digest.hexdigest() != file_hash:
             tmp.unlink()
             raise PoolRefused(
@@ -157,6 +225,17 @@ class PoolClient:
             body=api.MarkTrainedRequest(step=step, file_hashes=file_hashes),
         )
         return api.MarkTrainedResponse.model_validate_json(r.content).marked
+
+    def report_progress(
+        self, step: int, usable: int, read: int, files: Sequence[str] = (), full: bool = False
+    ) -> api.StepStatus:
+        """The trainer's own count of a step (`files`: the submissions it covers)."""
+        r = self._send(
+            "POST",
+            f"/v1/steps/{step}/progress",
+            body=api.ProgressReport(usable=usable, read=read, files=list(files), full=full),
+        )
+        return api.StepStatus.model_validate_json(r.content)
 
     def announce_checkpoint(
         self, step: int, blake3: str, final: bool = False

@@ -88,6 +88,9 @@ class SubmissionInfo(BaseModel):
     num_tokens: int
     state: str
     trained_step: int | None = None
+    seed: int | None = Field(
+        None, description="the assignment's seed (in the trainer's list: it rebuilds the prompts)"
+    )
 
 
 class SubmissionList(BaseModel):
@@ -126,10 +129,26 @@ class CheckpointAnnouncement(_Request):
     final: bool = Field(False, description="the run's last checkpoint: no more work after it")
 
 
+class ProgressReport(_Request):
+    usable: int = Field(
+        ge=0, le=10**9, description="usable samples of the step, by the trainer's own count"
+    )
+    read: int = Field(ge=0, le=10**9, description="samples of the step the trainer has read")
+    files: list[str] = Field(
+        default_factory=list,
+        max_length=10_000,
+        description="hashes of the submissions these counts cover",
+    )
+    full: bool = Field(False, description="the trainer has all it needs for this step")
+
+
 class StepStatus(BaseModel):
     step: int
     target_samples: int
-    usable_samples: int
+    usable_samples: int = Field(
+        description="the trainer's count for the files it read, workers' claims for the rest"
+    )
+    read_samples: int | None = Field(None, description="samples the trainer reported read")
     submissions: int
     open_assignments: int
     lapsed_assignments: int

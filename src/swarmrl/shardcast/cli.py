@@ -1,7 +1,8 @@
 """Command line for SHARDCAST: ``origin`` (serve a root), ``relay`` (mirror and serve), ``fetch``.
 
     swarmrl origin --root DIR [--host 127.0.0.1] [--port 8000]
-    swarmrl relay  --upstream URL[,URL...] --root DIR [--host 127.0.0.1] [--port 8001]
+    swarmrl relay  --orchestrator URL --key FILE --upstream URL[,URL...] --root DIR
+                   [--host 127.0.0.1] [--port 8001] [--public-url URL]
     swarmrl fetch  --servers URL[,URL...] [--version N] --dest DIR
 
 ``register(subparsers)`` adds these to the main ``swarmrl`` parser; ``python -m
@@ -38,6 +39,18 @@ def run_origin(args: argparse.Namespace) -> int:
 
 
 def run_relay(args: argparse.Namespace) -> int:
+    """Mirror and serve; registered with the orchestrator as a relay (heartbeating) so
+    workers learn its URL."""
+    from swarmrl.identity import KeyFileError, load_identity
+    from swarmrl.protocol import PoolRefused
+    from swarmrl.protocol.membership import Membership
+
+    try:
+        identity = load_identity(args.key)
+    except KeyFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per heartbeat
     relay = Relay(
         _urls(args.upstream),
         args.root,
@@ -51,13 +64,22 @@ def run_relay(args: argparse.Namespace) -> int:
         f"relay serving {args.root} at {server.url}, mirroring {', '.join(relay.upstreams)}",
         flush=True,
     )
+    member = Membership(
+        args.orchestrator, identity, "relay", member_url=args.public_url or server.url
+    )
     thread = threading.Thread(target=relay.run, daemon=True)
     thread.start()
     try:
+        member.start()
         thread.join()
+    except PoolRefused as exc:
+        print(f"error: the orchestrator refused this relay: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
-        relay.stop()
+        pass
     finally:
+        relay.stop()
+        member.stop()
         server.stop()
     return 0
 
@@ -103,7 +125,17 @@ def register(subparsers) -> None:
     origin.set_defaults(func=run_origin)
 
     relay = subparsers.add_parser(
-        "relay", help="mirror versions from upstream servers and serve them"
+        "relay",
+        help="mirror versions from upstream servers and serve them; registered with the orchestrator",
+    )
+    relay.add_argument("--orchestrator", required=True, help="the orchestrator's URL")
+    relay.add_argument(
+        "--key", type=Path, required=True, help="this relay's key file (on the allowlist as relay)"
+    )
+    relay.add_argument(
+        "--public-url",
+        default=None,
+        help="URL workers reach this relay at (default http://HOST:PORT as bound)",
     )
     relay.add_argument(
         "--upstream", required=True, help="comma-separated upstream URLs (origin or relays)"

@@ -1,10 +1,13 @@
-"""Collect a training batch for step n from the rollout files in `rollouts/step_<n>/`.
+"""Collect a training batch for step n from rollout files, in the order they are handed in.
 
 Online filtering, the async bound and the trust boundary live here:
 - every file goes through the strict reader (``rollouts.read_rollouts``) with the run's
-  bounds (samples per file, completion length, vocabulary); a file it refuses, or one
-  for another step, is rejected (logged with the file and the problem, never retried)
-  before anything of it enters a batch, and the trainer keeps going;
+  bounds (samples per file, completion length, vocabulary); a file it refuses, one for
+  another step, or one the caller's `rescore` refuses, is rejected (logged with the file
+  and the problem, never retried) before anything of it enters a batch, and the trainer
+  keeps going;
+- `rescore` (the pool source's: trainer/rescoring.py) replaces the file's rewards and
+  advantages by the trainer's own recomputation before any filter looks at them;
 - a sample counts once, whatever file carries it: a file with the bytes of one already
   read, and a sample of an (assignment, index) already read, are dropped as duplicates;
 - samples whose `policy_step` is older than n - async_level, or newer than n (a policy
@@ -16,6 +19,7 @@ Online filtering, the async bound and the trust boundary live here:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +31,7 @@ from swarmrl.rollouts import (
     AssignmentKey,
     RolloutBounds,
     RolloutFileError,
+    RolloutMeta,
     Rollouts,
     SampleKey,
     SeenFiles,
@@ -88,11 +93,13 @@ def token_samples(
     return [Sample(rows, i) for i in range(n)]
 
 
+Rescore = Callable[[Path, Rollouts, RolloutMeta], Rollouts]
+
+
 @dataclass
 class BatchCollector:
     """Accumulates usable groups for one step across calls, reading each file once."""
 
-    folder: Path
     step: int
     async_level: int
     bounds: RolloutBounds = LOOSE_BOUNDS
@@ -114,40 +121,37 @@ class BatchCollector:
     def usable(self) -> int:
         return sum(len(g) for g in self.groups)
 
-    def poll(self) -> None:
-        """Read every new complete file in the step folder."""
-        if not self.folder.is_dir():
-            return
-        files = []
-        for path in self.folder.glob("*.parquet"):
-            try:
-                files.append((path.stat().st_mtime_ns, path.name, path))
-            except OSError:
-                continue  # removed meanwhile
-        for _, name, path in sorted(files):
-            if name in self.seen:
-                continue
-            self.seen.add(name)
-            try:
-                digest = file_hash(path)
-                table, meta = read_rollouts(path, self.bounds)
-                if meta.step != self.step:
-                    raise RolloutFileError(
-                        path,
-                        f"file is for step {meta.step}, found in the folder of step {self.step}",
-                    )
-            except (OSError, RolloutFileError) as exc:
-                problem = exc.problem if isinstance(exc, RolloutFileError) else str(exc)
-                self.rejected.append((str(path), problem))
-                log.error("rejected rollout file %s: %s", path, problem)
-                continue
-            key = AssignmentKey.of(meta)
-            if digest in self.counted.by_hash:
-                self.dropped_duplicate += table.num_rows
-                log.warning("%s: %s", path, self.counted.duplicate_reason(digest, key))
-                continue
-            self.counted.add(name, digest, key)
-            self._add(Rollouts.from_table(table), key)
+    def add_file(self, path: Path, name: str | None = None, rescore: Rescore | None = None) -> bool:
+        """Read one file (once per `name`, default its file name); False if it was
+        rejected or a duplicate, True if its samples were taken in (usable or not)."""
+        path = Path(path)
+        name = name or path.name
+        if name in self.seen:
+            return False
+        self.seen.add(name)
+        try:
+            digest = file_hash(path)
+            table, meta = read_rollouts(path, self.bounds)
+            if meta.step != self.step:
+                raise RolloutFileError(
+                    path, f"file is for step {meta.step}, collected for step {self.step}"
+                )
+            rows = Rollouts.from_table(table)
+            if rescore is not None:
+                rows = rescore(path, rows, meta)
+        except (OSError, RolloutFileError) as exc:
+            problem = exc.problem if isinstance(exc, RolloutFileError) else str(exc)
+            self.rejected.append((str(path), problem))
+            log.error("rejected rollout file %s: %s", path, problem)
+            return False
+        key = AssignmentKey.of(meta)
+        if digest in self.counted.by_hash:
+            self.dropped_duplicate += table.num_rows
+            log.warning("%s: %s", path, self.counted.duplicate_reason(digest, key))
+            return False
+        self.counted.add(name, digest, key)
+        self._add(rows, key)
+        return True
 
     def _add(self, rows: Rollouts, key: AssignmentKey) -> None:
         n = len(rows)

@@ -1,20 +1,15 @@
-"""Where a training step's samples come from: the interface, and the run folder behind it.
+"""Where a training step's samples come from: the interface the trainer polls.
 
 The trainer asks a `RolloutSource` for a step's collector and polls it until it holds
-enough usable samples. Today the source is the run folder's `rollouts/step_<n>/`
-(batches.py does the reading and filtering); a pool would put an orchestrator's list of
-accepted submissions behind the same two calls.
+enough usable samples. The source is the orchestrator (`pool_source.py`); batches.py
+does the reading and filtering of each file it hands in.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
-from swarmrl.rollouts import LOOSE_BOUNDS, RolloutBounds
-from swarmrl.runfolder import RunFolder
-from swarmrl.trainer.batches import BatchCollector, Sample
+from swarmrl.trainer.batches import Sample
 
 
 class StepCollector(Protocol):
@@ -32,27 +27,26 @@ class StepCollector(Protocol):
     @property
     def usable(self) -> int: ...
 
+    @property
+    def mismatched_files(self) -> int:
+        """Files whose claimed rewards or advantages differed from the recomputed ones."""
+
     def poll(self) -> None:
         """Take in whatever arrived since the last call."""
 
     def take(self, batch_samples: int) -> list[Sample]:
         """Whole groups, oldest first, until at least `batch_samples` samples."""
 
+    def report(self, full: bool = False) -> None:
+        """Tell the pool the step's count (`full`: the trainer needs no more for it)."""
+
+    def drop_withdrawn(self) -> int:
+        """Forget samples of files withdrawn since they were read; the samples dropped."""
+
+    def files_of(self, samples: list[Sample]) -> list[str]:
+        """The hashes of the files `samples` came from."""
+
 
 class RolloutSource(Protocol):
     def open_step(self, step: int) -> StepCollector:
         """A collector of the samples for training step `step`."""
-
-
-@dataclass(frozen=True)
-class RolloutFolderSource:
-    """Rollout files written into `rollouts/step_<n>/` of a run folder."""
-
-    folder: RunFolder
-    async_level: int
-    bounds: RolloutBounds = LOOSE_BOUNDS
-
-    def open_step(self, step: int) -> StepCollector:
-        return BatchCollector(
-            Path(self.folder.rollout_step(step)), step, self.async_level, bounds=self.bounds
-        )

@@ -40,6 +40,9 @@ class StepMetrics(BaseModel):
     dropped_zero_advantage: int
     dropped_stale: int
     rejected_files: int
+    recomputed_mismatch_files: int = Field(
+        0, description="files whose claimed rewards or advantages the trainer's differ from"
+    )
     wait_seconds: float = Field(description="time the trainer waited for usable samples")
     train_seconds: float
     step_seconds: float

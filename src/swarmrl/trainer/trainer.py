@@ -1,15 +1,18 @@
 """The trainer process: asynchronous GRPO, one rollout step at a time.
 
-Per rollout step n (checkpoint n is the newest on disk):
-1. wait until `rollouts/step_<n>/` holds `batch_samples` usable samples (non-zero
-   advantage, policy no older than n - async_level; see `batches.py`), logging the
-   time spent waiting;
+Per rollout step n (checkpoint n is the newest published):
+1. wait until the orchestrator's submissions for step n hold `batch_samples` usable
+   samples by the trainer's own count (rewards and advantages recomputed, non-zero
+   advantage, policy no older than n - async_level; see `pool_source.py`, `batches.py`),
+   logging the time spent waiting, and tell the orchestrator when the step is full;
 2. recompute the old logprobs with policy n (the paper did this on the trainer rather
    than trusting the inference engine's numbers);
 3. take `optimizer_steps` AdamW steps over minibatches with the GRPO loss (`loss.py`)
    and gradient-norm clipping;
-4. write checkpoint n+1 atomically, with the optimizer state and this step's metrics,
-   then append the metrics line and prune old checkpoints.
+4. (marking the files used as trained in the ledger first) write checkpoint n+1
+   atomically, with the optimizer state and this step's metrics, publish it through
+   the SHARDCAST origin and announce it (step, BLAKE3) to the orchestrator (`final`
+   for the last), then append the metrics line and prune old checkpoints.
 
 One process, or N ranks under torchrun (distributed.py): rank 0 collects the batch and
 hands it to every rank, each rank trains on its share with FSDP2 shards (update.py),
@@ -44,22 +47,37 @@ from swarmrl.checkpoints import (
     trainer_state_path,
 )
 from swarmrl.config import RunConfig
+from swarmrl.protocol import PoolClient
+from swarmrl.protocol.membership import Membership
 from swarmrl.rollouts import RolloutBounds
+from swarmrl.tasks.registry import build_task
 from swarmrl.trainer import distributed
 from swarmrl.trainer.batches import Sample
-from swarmrl.trainer.inputs import RolloutFolderSource, RolloutSource, StepCollector
+from swarmrl.trainer.inputs import RolloutSource, StepCollector
 from swarmrl.trainer.metrics import StepMetrics, read_metrics
+from swarmrl.trainer.pool_source import PoolRolloutSource
 from swarmrl.trainer.state import load_trainer_state, save_trainer_state
 from swarmrl.trainer.update import UpdateSettings, deal_minibatches, rollout_update
 
 log = logging.getLogger("swarmrl.trainer")
 
+POLL_SECONDS = 0.25  # between listings of a step's submissions (one signed request each)
+
 
 class Trainer:
     def __init__(
-        self, cfg: RunConfig, start_model: Path, source: RolloutSource | None = None
+        self,
+        cfg: RunConfig,
+        start_model: Path,
+        client: PoolClient | None,
+        origin_url: str | None = None,
+        source: RolloutSource | None = None,
     ) -> None:
+        """`client`: the orchestrator (rank 0 registers as the trainer with `origin_url`,
+        the URL workers and relays fetch its checkpoints from); `source` replaces the
+        orchestrator's submissions as the rollout input (tests)."""
         self.cfg = cfg
+        self.client = client
         self.run_dir = cfg.run_dir
         self.folder = cfg.folder
         self.ckpt_root = self.folder.checkpoints
@@ -83,7 +101,13 @@ class Trainer:
             vocab_size=model.config.vocab_size,
             context_tokens=getattr(model.config, "max_position_embeddings", None),
         )
-        self.source = source or RolloutFolderSource(self.folder, cfg.async_level, bounds)
+        if source is None and self.ranks.is_main:
+            if client is None:
+                raise ValueError("the trainer needs an orchestrator client or a rollout source")
+            source = PoolRolloutSource(
+                client, self.folder.trainer_inbox, build_task(cfg.task), cfg, self.tok, bounds
+            )
+        self.source = source
         self.model = distributed.prepare_model(
             model, self.ranks, tc.activation_checkpointing, tc.precision
         )
@@ -102,6 +126,11 @@ class Trainer:
             random.seed(tc.seed)
             torch.manual_seed(tc.seed)
         self.origin = None
+        self.membership: Membership | None = None
+        if client is not None and not cfg.shardcast.enabled:
+            raise ValueError(
+                "workers fetch checkpoints through SHARDCAST in a pool: set shardcast.enabled"
+            )
         if not self.ranks.is_main:
             return  # rank 0 alone keeps the run folder's files and publishes
         self._repair_metrics(last_record)
@@ -115,15 +144,31 @@ class Trainer:
                 keep=max(cfg.shardcast.keep, cfg.async_level + 1),
                 shard_size=cfg.shardcast.shard_size,
             )
-            self._publish(latest)
+        if client is not None and client.identity is not None:
+            # Registered with the origin's URL, and alive to the orchestrator between
+            # its requests (a long step must not get the trainer declared dead).
+            self.membership = Membership(
+                client.url,
+                client.identity,
+                "trainer",
+                member_url=origin_url,
+                policy_step=lambda: self.step,
+            )
+            self.membership.start()
+        self._publish(latest, final=latest >= tc.steps)
 
-    def _publish(self, step: int) -> None:
-        """Announce checkpoint `step` through the origin (idempotent for a step already listed)."""
+    def _publish(self, step: int, final: bool = False) -> None:
+        """Publish checkpoint `step` through the origin and announce it (step, BLAKE3 of the
+        broadcast file) to the orchestrator; both idempotent for a step already out."""
         if self.origin is None:
             return
-        listed = self.origin.latest_version()
-        if listed is None or listed < step:
-            self.origin.publish(step, checkpoint_dir(self.ckpt_root, step))
+        listed = self.origin.store.listed()
+        if step in listed:
+            blake3 = listed[step].blake3
+        else:
+            blake3 = self.origin.publish(step, checkpoint_dir(self.ckpt_root, step)).blake3
+        if self.client is not None:
+            self.client.announce_checkpoint(step, blake3, final=final)
 
     def _repair_metrics(self, last_record: StepMetrics | None) -> None:
         kept = [m for m in read_metrics(self.metrics_path) if m.step < self.step]
@@ -141,9 +186,8 @@ class Trainer:
         return self.cfg.trainer.lr * (min(1.0, (done + 1) / warm) if warm else 1.0)
 
     def _write_status(self, step: int, usable: int, since: float) -> None:
-        """Tell workers how many usable samples the step really has (after the checks
-        and filters a file's own metadata cannot know about), and `swarmrl run` since
-        when the trainer has been waiting (unix time)."""
+        """Tell `swarmrl run` (its console) how many usable samples the step has and since
+        when the trainer has been waiting (unix time); no other role reads it."""
         status = self.folder.trainer_status
         tmp = status.with_name(f".{status.name}.tmp")
         tmp.write_text(
@@ -159,13 +203,18 @@ class Trainer:
         tmp.replace(status)
 
     def collect(self, step: int) -> tuple[list[Sample], StepCollector, float]:
+        assert self.source is not None
         collector = self.source.open_step(step)
         start = last_report = time.perf_counter()
         since = time.time()
         reported = -1
         while True:
             collector.poll()
-            if collector.usable >= self.cfg.trainer.batch_samples:
+            if (
+                collector.usable >= self.cfg.trainer.batch_samples
+                and collector.drop_withdrawn() == 0
+            ):
+                collector.report(full=True)
                 return (
                     collector.take(self.cfg.trainer.batch_samples),
                     collector,
@@ -188,7 +237,7 @@ class Trainer:
                     len(collector.rejected),
                 )
                 last_report = time.perf_counter()
-            time.sleep(0.05)
+            time.sleep(POLL_SECONDS)
 
     def train_step(self, samples: list[Sample]) -> dict:
         """One rollout step's optimizer steps; every rank calls it with the same samples."""
@@ -245,6 +294,10 @@ class Trainer:
             n = self.step
             t0 = time.perf_counter()
             samples, collector, waited = self.collect(n)
+            if self.client is not None:
+                # Before training: a trainer killed after this trains step n again and
+                # reports the same step, which the ledger counts once.
+                self.client.mark_trained(n, collector.files_of(samples))
             distributed.broadcast(self.ranks, samples)
             t1 = time.perf_counter()
             stats = self.train_step(samples)
@@ -268,13 +321,14 @@ class Trainer:
                 dropped_zero_advantage=collector.dropped_zero,
                 dropped_stale=collector.dropped_stale,
                 rejected_files=len(collector.rejected),
+                recomputed_mismatch_files=collector.mismatched_files,
                 wait_seconds=round(waited, 4),
                 train_seconds=round(train_seconds, 4),
                 step_seconds=round(time.perf_counter() - t0, 4),
                 tokens_per_second=stats["trained_tokens"] / max(train_seconds, 1e-9),
             )
             self._save(n + 1, record.model_dump())
-            self._publish(n + 1)
+            self._publish(n + 1, final=n + 1 >= tc.steps)
             with open(self.metrics_path, "a") as fh:
                 fh.write(record.line())
             self.step = n + 1
@@ -284,4 +338,6 @@ class Trainer:
         self.folder.trainer_done.write_text(
             json.dumps({"final_step": self.step, "time": time.time()})
         )
+        if self.membership is not None:
+            self.membership.stop()
         distributed.leave(self.ranks)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from swarmrl.assignment import assign
+from swarmrl.assignment import assign_from_seed, assignment_seed
 from swarmrl.checkpoints import checkpoint_dir
 from swarmrl.config import ConfigError, RunConfig, load_config
 from swarmrl.inference.rollout import completion_text, prompt_ids
@@ -118,15 +118,18 @@ def selected_for_validation(file_hash: str, secret: bytes, fraction: float) -> b
     return int.from_bytes(mac[:8], "big") < fraction * 2.0**64
 
 
-def _expected_prompts(
-    cfg: RunConfig, meta: RolloutMeta, task: Task, tokenizer
-) -> tuple[list[checks.ExpectedPrompt], dict]:
+def file_seed(cfg: RunConfig, meta: RolloutMeta) -> int:
+    """The assignment seed of a file built offline (run seed, worker address, step,
+    counter); in the pool the orchestrator issues the seed with the assignment."""
+    return assignment_seed(cfg.seed, meta.worker_address, meta.step, meta.submission)
+
+
+def expected_prompts(
+    cfg: RunConfig, seed: int, task: Task, tokenizer
+) -> tuple[list[checks.ExpectedPrompt], dict[str, Problem]]:
     """Row by row, what the assignment seed gives; and the assigned problems by id."""
-    plan = assign(
-        cfg.seed,
-        meta.worker_address,
-        meta.step,
-        meta.submission,
+    plan = assign_from_seed(
+        seed,
         num_problems=task.num_train(),
         prompts=cfg.worker.prompts_per_file,
         group_size=cfg.sampling.group_size,
@@ -141,7 +144,8 @@ def _expected_prompts(
         problems[problem.problem_id] = problem
         ids = prompt_ids(tokenizer, task, problem, target)
         expected.extend(
-            checks.ExpectedPrompt(problem.problem_id, ids, target, seed) for seed in seeds
+            checks.ExpectedPrompt(problem.problem_id, ids, target, sample_seed)
+            for sample_seed in seeds
         )
     return expected, problems
 
@@ -176,14 +180,20 @@ def validate_rollouts(
     cfg: RunConfig,
     settings: ValidatorSettings | None = None,
     task: Task | None = None,
+    seed: int | None = None,
 ) -> Verdict:
     """Every check on a table from ``read_rollouts``, with the claimed policy loaded.
 
     Never raises for bad input: whatever the table holds, the answer is a verdict.
     ``task`` saves rebuilding the run's task (re-reading its problem file) per file.
+    ``seed`` is the assignment's seed (the orchestrator's); without it, the offline one.
     """
     try:
-        return _validate(table, meta, model, tokenizer, cfg, settings or ValidatorSettings(), task)
+        if seed is None:
+            seed = file_seed(cfg, meta)
+        return _validate(
+            table, meta, model, tokenizer, cfg, settings or ValidatorSettings(), task, seed
+        )
     except RolloutFileError as exc:
         return unusable(exc.problem)
     except UnusableInput as exc:
@@ -206,6 +216,7 @@ def _validate(
     cfg: RunConfig,
     settings: ValidatorSettings,
     task: Task | None,
+    seed: int,
 ) -> Verdict:
     start = time.perf_counter()
     # The vocabulary is known only now, with the claimed checkpoint loaded.
@@ -230,7 +241,7 @@ def _validate(
             num_nonzero=meta.num_nonzero,
         )
     ]
-    expected, problems = _expected_prompts(cfg, meta, task, tokenizer)
+    expected, problems = expected_prompts(cfg, seed, task, tokenizer)
     results.append(checks.check_assignment(rows, expected))
     if not results[1].passed:
         # Rewards are only meaningful for the assigned problems; the assignment failure is the verdict.
@@ -394,9 +405,11 @@ def judge_file(
     settings: ValidatorSettings,
     seen: SeenFiles,
     task: Task | None = None,
+    seed: int | None = None,
 ) -> Verdict:
     """One file from disk: strict read, duplicate and policy-window checks, then every check
     with the policy that ``policy(step)`` gives (or the verdict it returns instead).
+    ``seed``: the assignment's seed, as the orchestrator issued it.
 
     Never raises: an unexpected error is logged with its traceback and the file is
     unusable, so a validator always goes on to the next file.
@@ -412,7 +425,7 @@ def judge_file(
         if isinstance(loaded, Verdict):
             return loaded
         model, tokenizer = loaded
-        return validate_rollouts(table, meta, model, tokenizer, cfg, settings, task)
+        return validate_rollouts(table, meta, model, tokenizer, cfg, settings, task, seed)
     except UnusableInput as exc:
         return unusable(str(exc))
     except Exception as exc:

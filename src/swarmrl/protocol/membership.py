@@ -1,0 +1,142 @@
+"""Staying a member of the pool: register once, then heartbeat from a background thread.
+
+Workers and relays keep a `Membership` for their whole life. It registers (retrying
+while the orchestrator cannot be reached), then heartbeats at the interval the
+orchestrator's answers ask for, and keeps the newest answer: the step, the async bound,
+the newest checkpoint, the relays, the origin, and whether the run is finished. A
+member the orchestrator declared dead (missed heartbeats) registers again; trouble
+reaching it is logged and retried with a doubling delay, never fatal, because an
+orchestrator restarting must not take the pool down with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import httpx
+
+from swarmrl.backoff import backoff_delay
+from swarmrl.identity import Identity
+from swarmrl.protocol import models as api
+from swarmrl.protocol.client import PoolClient, PoolRefused
+
+log = logging.getLogger("swarmrl.membership")
+
+# Transport trouble (`PoolUnreachable` is a ConnectionError) and the orchestrator's own
+# failures are worth retrying; a 4xx is an answer about this member, not retried blindly.
+RETRYABLE = (httpx.TransportError, ConnectionError)
+
+
+def retryable(exc: Exception) -> bool:
+    """Whether the request may succeed if sent again later (unreachable, or a 5xx)."""
+    return isinstance(exc, RETRYABLE) or (isinstance(exc, PoolRefused) and exc.status >= 500)
+
+
+class Membership:
+    """Registration and the heartbeat thread of one member; `view()` is the newest answer.
+
+    `policy_step()` is read before each heartbeat (the newest checkpoint the member holds).
+    It has its own HTTP client, so callers may use theirs from other threads meanwhile.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        identity: Identity,
+        role: api.Role,
+        *,
+        member_url: str | None = None,
+        policy_step: Callable[[], int | None] = lambda: None,
+        retry_base: float = 0.5,
+        retry_cap: float = 30.0,
+    ) -> None:
+        self.client = PoolClient(url, identity)
+        self.role = role
+        self.member_url = member_url
+        self.policy_step = policy_step
+        self.retry_base = retry_base
+        self.retry_cap = retry_cap
+        self._lock = threading.Lock()  # one request at a time on this client
+        self._view: api.HeartbeatResponse | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failures = 0
+
+    @property
+    def address(self) -> str:
+        return self.client.address
+
+    def start(self) -> api.HeartbeatResponse:
+        """Register and take the first heartbeat (retrying until the orchestrator answers),
+        then heartbeat in the background. A refused registration raises `PoolRefused`."""
+        while True:
+            try:
+                self._register()
+                view = self.beat()
+                break
+            except Exception as exc:
+                if not retryable(exc) or self._stop.is_set():
+                    raise
+                self._trouble("cannot reach the orchestrator to register", exc)
+        self._thread = threading.Thread(
+            target=self._run, name=f"swarmrl-{self.role}-heartbeat", daemon=True
+        )
+        self._thread.start()
+        return view
+
+    def view(self) -> api.HeartbeatResponse | None:
+        return self._view
+
+    def beat(self) -> api.HeartbeatResponse:
+        """One heartbeat now; a member declared dead registers again first."""
+        with self._lock:
+            try:
+                view = self.client.heartbeat(self.policy_step())
+            except PoolRefused as exc:
+                # Declared dead after missed heartbeats, or a ledger that never knew it.
+                if exc.status != 403 or not (
+                    "register again" in exc.detail or "not registered" in exc.detail
+                ):
+                    raise
+                log.warning("%s; registering again", exc.detail)
+                self._register_locked()
+                view = self.client.heartbeat(self.policy_step())
+            self._view = view
+            self._failures = 0
+            return view
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.client.close()
+
+    def _register(self) -> None:
+        with self._lock:
+            self._register_locked()
+
+    def _register_locked(self) -> None:
+        member = self.client.register(self.role, url=self.member_url)
+        log.info("registered with %s as %s %s", self.client.url, member.role, member.address)
+
+    def _run(self) -> None:
+        delay = self._interval()
+        while not self._stop.wait(delay):
+            try:
+                self.beat()
+                delay = self._interval()
+            except Exception as exc:  # noqa: BLE001 - a heartbeat thread must not die
+                delay = self._trouble("heartbeat failed", exc)
+
+    def _interval(self) -> float:
+        return self._view.heartbeat_seconds if self._view is not None else self.retry_base
+
+    def _trouble(self, what: str, exc: Exception) -> float:
+        self._failures += 1
+        delay = backoff_delay(self._failures, self.retry_base, self.retry_cap)
+        log.warning("%s (%s); retry %d in %.1f s", what, exc, self._failures, delay)
+        if self._thread is None:  # still starting: the caller's loop waits here
+            self._stop.wait(delay)
+        return delay
