@@ -1,7 +1,7 @@
 """Command line for SHARDCAST: ``origin`` (serve a root), ``relay`` (mirror and serve), ``fetch``.
 
     swarmrl origin --root DIR [--host 127.0.0.1] [--port 8000]
-    swarmrl relay  --orchestrator URL --key FILE --upstream URL[,URL...] --root DIR
+    swarmrl relay  [--orchestrator URL --key FILE] --upstream URL[,URL...] --root DIR
                    [--host 127.0.0.1] [--port 8001] [--public-url URL]
     swarmrl fetch  --servers URL[,URL...] [--version N] --dest DIR
 
@@ -39,17 +39,23 @@ def run_origin(args: argparse.Namespace) -> int:
 
 
 def run_relay(args: argparse.Namespace) -> int:
-    """Mirror and serve; registered with the orchestrator as a relay (heartbeating) so
-    workers learn its URL."""
+    """Mirror and serve. With --orchestrator and --key the relay registers as a pool
+    member (heartbeating) so workers learn its URL; without them it is a plain SHARDCAST
+    mirror (a private relay tree, or a mirror of a reference origin)."""
     from swarmrl.identity import KeyFileError, load_identity
     from swarmrl.protocol import PoolRefused
     from swarmrl.protocol.membership import Membership
 
-    try:
-        identity = load_identity(args.key)
-    except KeyFileError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    if (args.orchestrator is None) != (args.key is None):
+        print("error: give both --orchestrator and --key, or neither", file=sys.stderr)
+        return 2
+    identity = None
+    if args.key is not None:
+        try:
+            identity = load_identity(args.key)
+        except KeyFileError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per heartbeat
     relay = Relay(
         _urls(args.upstream),
@@ -64,13 +70,16 @@ def run_relay(args: argparse.Namespace) -> int:
         f"relay serving {args.root} at {server.url}, mirroring {', '.join(relay.upstreams)}",
         flush=True,
     )
-    member = Membership(
-        args.orchestrator, identity, "relay", member_url=args.public_url or server.url
+    member = (
+        Membership(args.orchestrator, identity, "relay", member_url=args.public_url or server.url)
+        if identity is not None
+        else None
     )
     thread = threading.Thread(target=relay.run, daemon=True)
     thread.start()
     try:
-        member.start()
+        if member is not None:
+            member.start()
         thread.join()
     except PoolRefused as exc:
         print(f"error: the orchestrator refused this relay: {exc}", file=sys.stderr)
@@ -79,7 +88,8 @@ def run_relay(args: argparse.Namespace) -> int:
         pass
     finally:
         relay.stop()
-        member.stop()
+        if member is not None:
+            member.stop()
         server.stop()
     return 0
 
@@ -128,10 +138,10 @@ def register(subparsers) -> None:
         "relay",
         help="mirror versions from upstream servers and serve them; registered with the orchestrator",
     )
-    relay.add_argument("--orchestrator", required=True, help="the orchestrator's URL")
     relay.add_argument(
-        "--key", type=Path, required=True, help="this relay's key file (on the allowlist as relay)"
+        "--orchestrator", help="the orchestrator's URL (omit for a relay outside any pool)"
     )
+    relay.add_argument("--key", type=Path, help="this relay's key file (on the allowlist as relay)")
     relay.add_argument(
         "--public-url",
         default=None,
