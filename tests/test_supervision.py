@@ -493,6 +493,9 @@ def test_chaos_kill_each_role_in_turn_and_the_run_completes(tmp_path, warm_model
             "0.25",
             "--supervision.backoff_seconds",
             "0.5",
+            # The killed worker's open assignment is reissued at its deadline.
+            "--pool.assignment_seconds",
+            "60",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
