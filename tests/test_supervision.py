@@ -493,6 +493,9 @@ def test_chaos_kill_each_role_in_turn_and_the_run_completes(tmp_path, warm_model
             "0.25",
             "--supervision.backoff_seconds",
             "0.5",
+            # The killed worker's open assignment is reissued at its deadline.
+            "--pool.assignment_seconds",
+            "60",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -524,8 +527,13 @@ def test_chaos_kill_each_role_in_turn_and_the_run_completes(tmp_path, warm_model
         _, stderr = run.communicate(timeout=600)
     finally:
         if run.poll() is None:
-            run.kill()
-            run.wait()
+            # SIGTERM: `swarmrl run` stops its process groups (a SIGKILL would orphan them).
+            run.terminate()
+            try:
+                run.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                run.kill()
+                run.wait()
     assert run.returncode == 0, stderr[-3000:]
     for role in ("worker-0", "relay-0", "validator", "orchestrator", "trainer"):
         assert f"{role} was killed by SIGKILL; restarting it" in stderr

@@ -243,9 +243,9 @@ class PoolConfig(_Section):
         description="silence after which a member is declared dead (its open assignments are reissued); half of it makes it unhealthy. Generous: on a loaded machine a busy process's heartbeats come late",
     )
     assignment_seconds: float = Field(
-        300.0,
+        120.0,
         gt=0,
-        description="deadline of an assignment; a worker that misses it loses it and it is reissued",
+        description="deadline of an assignment; a worker that misses it loses it and it is reissued (a worker killed mid-assignment holds it until then, so its step waits up to this long)",
     )
 
 
