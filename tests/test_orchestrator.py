@@ -484,11 +484,25 @@ def test_workers_ahead_within_the_async_bound(pool):
     for worker in pool.workers:  # each holds at most 8 open assignments
         while (r := worker.assignment(0)).assignment is not None:
             steps.append(r.assignment.step)
-    assert steps == [0] * 5 + [1] * 5 + [2] * 5  # async level 2: steps 0..2 from policy 0
+    # async level 2 would allow steps 0..2 from policy 0; max_ahead 1 (default) stops at 1
+    assert steps == [0] * 5 + [1] * 5
     old = pool.workers[1]
     pool.trainer.announce_checkpoint(3, BLAKE)
     r = old.assignment(0)
     assert r.assignment is None and "too old" in r.reason
+
+
+def test_max_ahead_up_to_the_async_bound(tmp_path):
+    p = make_pool(tmp_path, max_ahead=5)
+    p.trainer.announce_checkpoint(0, BLAKE)
+    try:
+        steps = []
+        for worker in p.workers:
+            while (r := worker.assignment(0)).assignment is not None:
+                steps.append(r.assignment.step)
+        assert steps == [0] * 5 + [1] * 5 + [2] * 5  # the async bound (2) still caps it
+    finally:
+        p.stop()
 
 
 def test_lapsed_assignment_is_reissued_and_counted(tmp_path):

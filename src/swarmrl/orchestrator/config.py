@@ -45,6 +45,12 @@ class OrchestratorConfig(BaseModel):
     prompts_per_assignment: int = Field(8, ge=1, description="prompts in one assignment")
     group_size: int = Field(8, ge=2, description="samples per prompt")
     async_level: int = Field(2, ge=0, description="k: a step-n assignment needs a policy >= n-k")
+    max_ahead: int = Field(
+        1,
+        ge=0,
+        description="issue work for at most this many steps past the newest checkpoint "
+        "(within the async bound): lower staleness, at the cost of idle workers",
+    )
     surplus: float = Field(
         0.1,
         ge=0,

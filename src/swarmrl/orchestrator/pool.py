@@ -365,7 +365,11 @@ class Pool:
                     reason=f"already holding {held} open assignments (limit {cfg.max_open_per_worker})",
                     retry_seconds=wait,
                 )
-            last = min(req.policy_step, current) + cfg.async_level
+            # The async bound allows step current + k, but samples that far ahead are
+            # trained from a policy k steps old: issuing at most `max_ahead` steps past the
+            # newest checkpoint keeps staleness low (at async level 2 the default run learned
+            # far less when every step was filled by policy n - 2).
+            last = min(min(req.policy_step, current) + cfg.async_level, current + cfg.max_ahead)
             if cfg.steps is not None:
                 last = min(last, cfg.steps - 1)
             observed = self._observed_yield(s)
