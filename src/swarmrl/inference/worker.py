@@ -99,13 +99,6 @@ class WorkerCounts:
     abandoned: int = 0
 
 
-def policy_servers(view: api.HeartbeatResponse) -> list[str]:
-    """Where to fetch checkpoints: the healthy relays, else the trainer's origin."""
-    if view.relays:
-        return list(view.relays)
-    return [view.origin] if view.origin else []
-
-
 class PolicySource:
     """Fetches announced checkpoints through SHARDCAST into the worker's policy cache."""
 
@@ -303,7 +296,7 @@ def run_worker(
                 and time.monotonic() >= retry_at
             ):
                 try:
-                    model, tok = source.load(policy_servers(view), announced)
+                    model, tok = source.load(view.checkpoint_servers(with_origin=False), announced)
                     policy_step = announced.step
                     failures = 0
                     unlisted_since = None

@@ -56,6 +56,15 @@ class HeartbeatResponse(BaseModel):
     heartbeat_seconds: float
     finished: bool = Field(description="the trainer published its final checkpoint")
 
+    def checkpoint_servers(self, with_origin: bool) -> list[str]:
+        """Where to fetch checkpoints: the healthy relays, then the trainer's origin —
+        always (`with_origin`: it holds a new version first, and old ones a relay may have
+        dropped) or only when no relay is registered (keeps the origin's load off workers)."""
+        origin = [self.origin] if self.origin else []
+        if with_origin:
+            return [*self.relays, *origin]
+        return list(self.relays) or origin
+
 
 class AssignmentRequest(_Request):
     policy_step: int = Field(ge=0, le=10**9, description="newest checkpoint step the worker holds")

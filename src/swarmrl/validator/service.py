@@ -60,12 +60,6 @@ def verdict_counts(run_dir: Path) -> dict[str, int]:
     return {status.value: counts.get(status.value, 0) for status in Status}
 
 
-def policy_servers(view: api.HeartbeatResponse) -> list[str]:
-    """Where to fetch checkpoints: the healthy relays and the trainer's origin (which
-    holds a new version first, and old ones a relay may have dropped)."""
-    return [*view.relays, *([view.origin] if view.origin else [])]
-
-
 @dataclass
 class _Policies:
     """Checkpoints by policy step, fetched through SHARDCAST; the newest few kept loaded."""
@@ -156,7 +150,7 @@ def run_validator(cfg: RunConfig, client: PoolClient) -> dict[str, int]:
     try:
         while True:
             view = membership.view() or view
-            policies.servers = policy_servers(view)
+            policies.servers = view.checkpoint_servers(with_origin=True)
             try:
                 handed = client.next_for_validation()
             except PoolUnreachable as exc:
