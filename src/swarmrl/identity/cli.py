@@ -5,10 +5,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from swarmrl.identity.keys import KeyFileError, generate_key_file
-
 
 def _keygen(args) -> int:
+    from swarmrl.identity.keys import KeyFileError, generate_key_file
+
     try:
         identity = generate_key_file(args.out)
     except KeyFileError as exc:

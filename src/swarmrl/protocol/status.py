@@ -9,7 +9,6 @@ from rich.console import Console
 from rich.table import Table
 
 from swarmrl.protocol import models as api
-from swarmrl.protocol.client import PoolClient, PoolRefused
 
 
 def render(status: api.PoolStatus, console: Console, now: float | None = None) -> None:
@@ -60,6 +59,8 @@ def render(status: api.PoolStatus, console: Console, now: float | None = None) -
 
 
 def _status(args) -> int:
+    from swarmrl.protocol.client import PoolClient, PoolRefused  # not at parser build time
+
     try:
         with PoolClient(args.orchestrator, None, timeout=args.timeout) as client:
             status = client.status()

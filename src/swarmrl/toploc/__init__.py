@@ -5,25 +5,57 @@
 bytes and the rollout file's concatenated ``proofs`` column in ``encoding``; the
 GF(65497) arithmetic in ``gf``. Byte-compatible with the reference ``toploc`` 0.1.6;
 see docs/toploc.md.
+
+Names are loaded on first use (PEP 562), so that reading the thresholds does not load
+torch.
 """
 
-from swarmrl.toploc.encoding import (
-    ProofFormatError,
-    bytes_to_proofs,
-    chunk_points,
-    encode_proof,
-    encode_proofs,
-    parse_proof,
-    proofs_to_bytes,
-)
-from swarmrl.toploc.proofs import (
-    ChunkCheck,
-    ToplocThresholds,
-    build_proofs,
-    build_proofs_batch,
-    verify_proofs,
-    verify_proofs_batch,
-)
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+_WHERE = {
+    "ChunkCheck": "proofs",
+    "ProofFormatError": "encoding",
+    "ToplocThresholds": "thresholds",
+    "build_proofs": "proofs",
+    "build_proofs_batch": "proofs",
+    "bytes_to_proofs": "encoding",
+    "chunk_points": "encoding",
+    "encode_proof": "encoding",
+    "encode_proofs": "encoding",
+    "parse_proof": "encoding",
+    "proofs_to_bytes": "encoding",
+    "verify_proofs": "proofs",
+    "verify_proofs_batch": "proofs",
+}
+
+if TYPE_CHECKING:
+    from swarmrl.toploc.encoding import (
+        ProofFormatError,
+        bytes_to_proofs,
+        chunk_points,
+        encode_proof,
+        encode_proofs,
+        parse_proof,
+        proofs_to_bytes,
+    )
+    from swarmrl.toploc.proofs import (
+        ChunkCheck,
+        build_proofs,
+        build_proofs_batch,
+        verify_proofs,
+        verify_proofs_batch,
+    )
+    from swarmrl.toploc.thresholds import (
+        ToplocThresholds,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)
+
 
 __all__ = [
     "ChunkCheck",

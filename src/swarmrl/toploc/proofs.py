@@ -42,39 +42,14 @@ from typing import TypeVar
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from swarmrl.toploc import gf
 from swarmrl.toploc.encoding import ProofFormatError, chunk_points, encode_proofs, parse_proof
+from swarmrl.toploc.thresholds import PAPER_THRESHOLDS, ToplocThresholds
 
 _Item = TypeVar("_Item")
 
 _NO_MATCH = float(2**64)  # the reference's statistic when no exponent matches
-
-
-class ToplocThresholds(BaseModel):
-    """When a chunk passes TOPLOC verification (paper's bf16 values by default)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_exp_mismatches: int = Field(
-        38,
-        ge=0,
-        description="Most top-k entries (out of topk) whose bf16 exponent may differ from "
-        "the proof; scaled by k'/topk for a chunk with only k' < topk values.",
-    )
-    max_mant_err_mean: float = Field(
-        10.0,
-        ge=0,
-        description="Largest allowed mean |mantissa difference| (7-bit mantissa units) "
-        "over entries whose exponents match.",
-    )
-    max_mant_err_median: float = Field(
-        8.0,
-        ge=0,
-        description="Largest allowed upper median |mantissa difference| over entries whose "
-        "exponents match.",
-    )
 
 
 @dataclass(frozen=True)
@@ -101,7 +76,6 @@ class _TopEntries:
 
 
 # The paper's bf16 thresholds: the default for a verifier given none.
-PAPER_THRESHOLDS = ToplocThresholds()
 
 
 def build_proofs(activations: torch.Tensor, chunk_size: int = 32, topk: int = 128) -> list[bytes]:

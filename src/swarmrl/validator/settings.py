@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from swarmrl.toploc import ToplocThresholds
-from swarmrl.toploc.proofs import PAPER_THRESHOLDS
+from swarmrl.toploc.thresholds import PAPER_THRESHOLDS, ToplocThresholds
 
 # TOPLOC thresholds calibrated for fp32 workers and validators (docs/validator.md). The
 # paper's 38/10/8 were set for bf16 on GPUs; on fp32 they pass weights perturbed by 10%
