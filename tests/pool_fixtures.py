@@ -68,8 +68,15 @@ def rollout_columns(
     }
 
 
-def rollout_file(path: Path, worker: str, assignment: api.AssignmentInfo, **meta) -> Path:
-    """A schema-valid rollout file whose metadata matches `assignment` unless overridden."""
+def rollout_file(
+    path: Path,
+    worker: str,
+    assignment: api.AssignmentInfo,
+    policy_step: int | None = None,
+    **meta,
+) -> Path:
+    """A schema-valid rollout file whose metadata matches `assignment` unless overridden;
+    its samples claim the policy of the assignment's step unless `policy_step` is given."""
     n = assignment.prompts * assignment.group_size
     fields = {
         "run_id": "test",
@@ -81,8 +88,8 @@ def rollout_file(path: Path, worker: str, assignment: api.AssignmentInfo, **meta
     } | meta
     rows = fields["num_samples"] if fields["num_samples"] > 0 else 1
     # model_construct: a hostile file may carry metadata the strict model would refuse.
-    # Generated with the policy of the assignment's step: within any async bound.
-    columns = rollout_columns(rows, policy_step=assignment.step)
+    claimed = assignment.step if policy_step is None else policy_step
+    columns = rollout_columns(rows, policy_step=claimed)
     return write_rollouts(path, columns, RolloutMeta.model_construct(**fields))
 
 
@@ -160,7 +167,9 @@ class PoolUnderTest:
         return worker.upload(assignment.id, path)
 
 
-def make_pool(tmp_path: Path, backend: str = "sqlite", **overrides) -> PoolUnderTest:
+def make_pool(
+    tmp_path: Path, backend: str = "sqlite", workers: int = 2, **overrides
+) -> PoolUnderTest:
     trainer, validator = Identity.generate(), Identity.generate()
     allowlist = tmp_path / "allowlist"
     allowlist.write_text(f"{trainer.address} trainer\n{validator.address} validator\n")
@@ -187,8 +196,8 @@ def make_pool(tmp_path: Path, backend: str = "sqlite", **overrides) -> PoolUnder
     pool.keys = {"trainer": trainer, "validator": validator}
     pool.trainer.register("trainer")
     pool.validator.register("validator")
-    pool.new_worker()
-    pool.new_worker()
+    for _ in range(workers):
+        pool.new_worker()
     return pool
 
 
