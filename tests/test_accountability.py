@@ -99,6 +99,10 @@ def test_a_worker_registers_by_locking_its_stake(tmp_path, backend, owner, capsy
         assert (shown.balance, shown.stake, shown.paid, shown.unpaid) == (2.0, 5.0, 0.0, 0.0)
         # Registering again (e.g. after being declared dead) locks nothing more.
         assert worker.register("worker").stake == 5.0
+        # No balance grows past what the ledger's integers hold.
+        rich = PoolClient(p.url, owner)
+        assert rich.fund(owner.address, 1e9).balance == 1e9
+        assert "the most one balance may hold" in refused(lambda: rich.fund(owner.address, 1), 422)
         assert p.ledger_problems() == []
     finally:
         p.stop()
