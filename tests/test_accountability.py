@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from rich.console import Console
 from sqlalchemy import select
 
 from pool_fixtures import BACKENDS, make_pool, rollout_file, signed_raw
@@ -15,6 +16,7 @@ from swarmrl.identity import Identity
 from swarmrl.ledger import JournalEntry, Ledger
 from swarmrl.protocol import PoolClient, PoolRefused
 from swarmrl.protocol import models as api
+from swarmrl.protocol.status import render
 
 BLAKE = "ab" * 32
 # Near zero, not zero: nothing is chosen at the base rate, but the higher rates apply
@@ -174,6 +176,11 @@ def test_a_reject_slashes_voids_taints_and_ejects(tmp_path, backend, owner):
             assert detail.startswith("ejected:") and reason in detail
         # Its open assignment went back to the pool: the honest worker gets the work.
         assert take(honest).step == 0
+        # `swarmrl status` shows who was caught, on which check, and what it cost.
+        console = Console(record=True, width=250)
+        render(PoolClient(p.url, None).status(), console)
+        shown_text = console.export_text()
+        assert "slashed and ejected" in shown_text and "toploc: 3 of 4 chunks" in shown_text
         # The step ends: the honest worker is paid (4 samples + 0.5 × 8 tokens); the
         # cheat's trained file stays tainted and unpaid.
         p.trainer.announce_checkpoint(1, BLAKE)
