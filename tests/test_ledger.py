@@ -3,6 +3,10 @@ the consistency check catches every kind of lost or double-counted record."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -18,6 +22,7 @@ from swarmrl.ledger import (
     Ledger,
     LedgerError,
     Member,
+    Nonce,
     Slashing,
     Submission,
     Verdict,
@@ -57,6 +62,44 @@ def test_reopening_migrates_nothing_and_keeps_rows(ledger):
             assert s.scalars(select(Member.address)).all() == ["0x" + "1" * 40]
     finally:
         again.close()
+
+
+def test_sqlite_ledger_is_wal_and_keeps_a_commit_through_kill_9(tmp_path):
+    """WAL with synchronous=NORMAL: a commit is in the log file before it returns, so a
+    process killed right after (kill -9) loses nothing; only an OS crash or power loss may
+    drop the newest commits. A spent nonce must survive the kill for the replay check."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from swarmrl.ledger import Ledger, Nonce\n"
+            "ledger = Ledger(sys.argv[1])\n"
+            "with ledger.session() as s:\n"
+            "    s.add(Nonce(address='0x' + '2' * 40, nonce='ab' * 16, timestamp=1))\n"
+            "print('committed', flush=True)\n"
+            "time.sleep(60)\n",
+            url,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "committed"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    ledger = Ledger(url)
+    try:
+        with ledger.engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+        with ledger.session() as s:
+            assert s.scalars(select(Nonce.nonce)).all() == ["ab" * 16]
+    finally:
+        ledger.close()
 
 
 def test_unreachable_or_malformed_ledger_url_is_a_clear_error(tmp_path):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast, get_args
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import bindparam, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -57,6 +57,38 @@ ROLES: tuple[api.Role, ...] = get_args(api.Role)
 # in the step's need, so nothing a worker sees differs).
 TRAINABLE = (Submission.state == "accepted") | (
     (Submission.state == "pending") & Submission.to_validate.is_(False)
+)
+
+# The statements of the per-request paths, built once: building a statement costs more
+# than running it on SQLite.
+_SPEND_NONCE = insert(Nonce)
+_MEMBER_STATUS = select(Member.status, Member.ejected_at).where(Member.address == bindparam("who"))
+_NEWEST_CHECKPOINT = select(Checkpoint).order_by(Checkpoint.step.desc()).limit(1)
+_HELD = select(func.count()).where(
+    Assignment.worker == bindparam("who"), Assignment.state == "issued"
+)
+_OPEN_IN_STEP = select(func.count()).where(
+    Assignment.step == bindparam("step"), Assignment.state == "issued"
+)
+_CLAIMED = select(func.coalesce(func.sum(Submission.num_nonzero), 0)).where(
+    Submission.step == bindparam("step"), Submission.state.in_(LIVE)
+)
+_CLAIMED_UNREAD = _CLAIMED.where(Submission.counted.is_(False))
+_REPORTED = (
+    select(Step.trainer_usable, Step.trainer_read)
+    .where(Step.trainer_read > 0)
+    .order_by(Step.step.desc())
+    .limit(YIELD_STEPS)
+)
+_RECENT = (
+    select(Submission.num_nonzero, Submission.num_samples)
+    .order_by(Submission.uploaded_at.desc())
+    .limit(YIELD_WINDOW)
+)
+_BEAT = (
+    update(Heartbeat)
+    .where(Heartbeat.address == bindparam("who"))
+    .values(last_at=bindparam("now"), beats=Heartbeat.beats + 1, policy_step=bindparam("held"))
 )
 
 
@@ -151,9 +183,9 @@ class Pool:
         """Record a nonce; refuses one the address already used inside the window."""
         with self._lock:
             try:
-                with self.ledger.session() as s:
-                    s.execute(
-                        insert(Nonce).values(address=address, nonce=nonce, timestamp=timestamp)
+                with self.ledger.engine.begin() as c:
+                    c.execute(
+                        _SPEND_NONCE, {"address": address, "nonce": nonce, "timestamp": timestamp}
                     )
             except IntegrityError:
                 raise Refusal(
@@ -282,17 +314,12 @@ class Pool:
         and the pool view from memory (rebuilt whenever what it shows may have changed)."""
         now = self.clock()
         with self._lock, self.ledger.session() as s:
-            row = s.execute(
-                select(Member.status, Member.ejected_at).where(Member.address == address)
-            ).first()
+            c = s.connection()  # prebuilt Core statements: no ORM work on the hottest path
+            row = c.execute(_MEMBER_STATUS, {"who": address}).first()
             status, ejected_at = row if row is not None else (None, None)
             if status is None or status == "dead" or ejected_at is not None:
                 self.member(s, address, ROLES)  # raises the precise refusal
-            s.execute(
-                update(Heartbeat)
-                .where(Heartbeat.address == address)
-                .values(last_at=now, beats=Heartbeat.beats + 1, policy_step=req.policy_step)
-            )
+            c.execute(_BEAT, {"who": address, "now": now, "held": req.policy_step})
             if status != "healthy":
                 s.execute(update(Member).where(Member.address == address).values(status="healthy"))
                 self._view = None  # a relay back to health changes the relay list
@@ -327,8 +354,19 @@ class Pool:
         assignments of dead workers (they become needed again), forget expired nonces."""
         now = self.clock()
         cfg = self.config
+        # Only members whose status may change are loaded (the others beat recently and are
+        # healthy), and only the assignments to lapse: the sweep holds the lock every second,
+        # so its cost must not grow with the pool.
+        quiet_since = now - cfg.unhealthy_after * cfg.heartbeat_seconds + 1.0  # 1 s of slack
         with self._lock, self.ledger.session() as s:
-            rows = s.execute(select(Member, Heartbeat.last_at).join(Heartbeat)).all()
+            rows = s.execute(
+                select(Member, Heartbeat.last_at)
+                .join(Heartbeat)
+                .where(
+                    Member.status != "dead",
+                    (Heartbeat.last_at < quiet_since) | (Member.status != "healthy"),
+                )
+            ).all()
             for m, last_at in rows:
                 missed = (now - last_at) / cfg.heartbeat_seconds
                 status = (
@@ -341,10 +379,16 @@ class Pool:
                 if status != m.status and m.status != "dead":
                     m.status = status
                     self._view = None
-            dead = {m.address for m, _ in rows if m.status == "dead"}
-            for a in s.scalars(select(Assignment).where(Assignment.state == "issued")):
-                if a.deadline < now or a.worker in dead:
-                    self._lapse(s, a, now)
+            overdue = s.scalars(
+                select(Assignment)
+                .join(Member, Member.address == Assignment.worker)
+                .where(
+                    Assignment.state == "issued",
+                    (Assignment.deadline < now) | (Member.status == "dead"),
+                )
+            ).all()
+            for a in overdue:
+                self._lapse(s, a, now)
             s.execute(delete(Nonce).where(Nonce.timestamp < now - cfg.timestamp_window - 1))
 
     def _lapse(self, s: Session, a: Assignment, now: float) -> None:
@@ -360,31 +404,19 @@ class Pool:
         """The trainer's count for the files it has read, plus the workers' claims for
         files it has not read yet (a claim can be a lie, so it stands in only until then)."""
         row = s.get(Step, step)
-        claimed = select(func.coalesce(func.sum(Submission.num_nonzero), 0)).where(
-            Submission.step == step, Submission.state.in_(LIVE)
-        )
         if row is None or row.trainer_usable is None:
-            return int(s.scalar(claimed) or 0)
-        unread = s.scalar(claimed.where(Submission.counted.is_(False)))
+            return int(s.scalar(_CLAIMED, {"step": step}) or 0)
+        unread = s.scalar(_CLAIMED_UNREAD, {"step": step})
         return row.trainer_usable + int(unread or 0)
 
     def _observed_yield(self, s: Session) -> float:
         """Usable share of the samples read: the trainer's counts over its newest reported
         steps when it has reported any, the workers' claims on the newest files before."""
-        reported = s.execute(
-            select(Step.trainer_usable, Step.trainer_read)
-            .where(Step.trainer_read > 0)
-            .order_by(Step.step.desc())
-            .limit(YIELD_STEPS)
-        ).all()
+        reported = s.execute(_REPORTED).all()
         read = sum(r or 0 for _, r in reported)
         if read:
             return sum(u or 0 for u, _ in reported) / read
-        recent = s.execute(
-            select(Submission.num_nonzero, Submission.num_samples)
-            .order_by(Submission.uploaded_at.desc())
-            .limit(YIELD_WINDOW)
-        ).all()
+        recent = s.execute(_RECENT).all()
         samples = sum(n for _, n in recent)
         return sum(z for z, _ in recent) / samples if samples else self.config.prior_yield
 
@@ -398,9 +430,7 @@ class Pool:
             if row.full_at is None:
                 row.full_at = now
             return 0
-        open_count = s.scalar(
-            select(func.count()).where(Assignment.step == step, Assignment.state == "issued")
-        )
+        open_count = s.scalar(_OPEN_IN_STEP, {"step": step})
         return assignments_needed(
             target=row.target_samples,
             usable=usable,
@@ -416,7 +446,7 @@ class Pool:
         wait = cfg.heartbeat_seconds / 2
         with self._lock, self.ledger.session() as s:
             self.member(s, worker, ["worker"])
-            newest = s.scalars(select(Checkpoint).order_by(Checkpoint.step.desc()).limit(1)).first()
+            newest = s.scalars(_NEWEST_CHECKPOINT).first()
             if newest is None:
                 return api.AssignmentResponse(
                     assignment=None, reason="no checkpoint published yet", retry_seconds=wait
@@ -430,11 +460,7 @@ class Pool:
                     reason=f"policy {req.policy_step} is too old: fetch checkpoint >= {current - cfg.async_level}",
                     retry_seconds=wait,
                 )
-            held = s.scalar(
-                select(func.count()).where(
-                    Assignment.worker == worker, Assignment.state == "issued"
-                )
-            )
+            held = s.scalar(_HELD, {"who": worker})
             if (held or 0) >= cfg.max_open_per_worker:
                 return api.AssignmentResponse(
                     assignment=None,
