@@ -34,6 +34,12 @@ def retryable(exc: Exception) -> bool:
     return isinstance(exc, RETRYABLE) or (isinstance(exc, PoolRefused) and exc.status >= 500)
 
 
+def ejected(exc: Exception) -> bool:
+    """Whether the pool ejected this member (a rejected file slashed it): every further
+    request is refused, so the member should stop rather than retry or restart."""
+    return isinstance(exc, PoolRefused) and exc.status == 403 and exc.detail.startswith("ejected")
+
+
 class Membership:
     """Registration and the heartbeat thread of one member; `view()` is the newest answer.
 
