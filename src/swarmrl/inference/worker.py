@@ -58,6 +58,7 @@ from swarmrl.protocol.membership import Membership, ejected, retryable
 from swarmrl.rollouts import RolloutMeta
 from swarmrl.shardcast.client import FetchError, VersionUnavailableError, fetch
 from swarmrl.shardcast.discovery import resolve_version
+from swarmrl.tasks.base import Task
 from swarmrl.tasks.registry import build_task
 
 log = logging.getLogger("swarmrl.worker")
@@ -208,6 +209,52 @@ def deliver_leftovers(home: WorkerHome, uploader: Uploader) -> None:
         part.unlink(missing_ok=True)  # a write cut short
 
 
+def generate_assignment(
+    cfg: RunConfig,
+    model,
+    tok,
+    task: Task,
+    work: api.AssignmentInfo,
+    policy_step: int,
+    address: str,
+    behaviour: Behaviour,
+) -> tuple[RolloutBatch, RolloutMeta]:
+    """The rollouts of an issued assignment (proofs not built yet) and the file's metadata."""
+    batch = behaviour.generate(
+        generate_rollouts,
+        model=model,
+        tokenizer=tok,
+        task=task,
+        assignment=assign_from_seed(
+            work.seed,
+            num_problems=task.num_train(),
+            prompts=work.prompts,
+            group_size=work.group_size,
+            target_lengths=cfg.task.target_lengths,
+        ),
+        params=behaviour.sampling(
+            SamplingParams(
+                temperature=cfg.sampling.temperature,
+                max_new_tokens=cfg.sampling.max_new_tokens,
+                eos_token_id=tok.eos_token_id,
+                top_p=cfg.sampling.top_p,
+            )
+        ),
+        policy_step=policy_step,
+        length_alpha=cfg.task.length_alpha,
+        proofs=False,
+    )
+    meta = RolloutMeta(
+        run_id=cfg.run_name,
+        worker_address=address,
+        step=work.step,
+        submission=work.id,
+        num_samples=len(batch.columns["problem_id"]),
+        num_nonzero=batch.num_nonzero,
+    )
+    return batch, meta
+
+
 def run_worker(
     cfg: RunConfig,
     orchestrator: str,
@@ -344,37 +391,8 @@ def run_worker(
                 log.debug("no assignment: %s", answer.reason)
                 time.sleep(answer.retry_seconds or cfg.worker.poll_seconds)
                 continue
-            batch = behaviour.generate(
-                generate_rollouts,
-                model=model,
-                tokenizer=tok,
-                task=task,
-                assignment=assign_from_seed(
-                    work.seed,
-                    num_problems=task.num_train(),
-                    prompts=work.prompts,
-                    group_size=work.group_size,
-                    target_lengths=cfg.task.target_lengths,
-                ),
-                params=behaviour.sampling(
-                    SamplingParams(
-                        temperature=cfg.sampling.temperature,
-                        max_new_tokens=cfg.sampling.max_new_tokens,
-                        eos_token_id=tok.eos_token_id,
-                        top_p=cfg.sampling.top_p,
-                    )
-                ),
-                policy_step=policy_step,
-                length_alpha=cfg.task.length_alpha,
-                proofs=False,
-            )
-            meta = RolloutMeta(
-                run_id=cfg.run_name,
-                worker_address=identity.address,
-                step=work.step,
-                submission=work.id,
-                num_samples=len(batch.columns["problem_id"]),
-                num_nonzero=batch.num_nonzero,
+            batch, meta = generate_assignment(
+                cfg, model, tok, task, work, policy_step, identity.address, behaviour
             )
             deadlines[work.id] = work.deadline
             finisher.submit(home.outbox_file(work.id), batch, meta)

@@ -1,0 +1,134 @@
+"""Each adversary kind is caught: a real orchestrator on loopback issues the assignment,
+the cheater generates it with the worker's own code and its one change, uploads it, and
+the validator's own `judge_submission` judges it against the honest policy; the
+rejection slashes and ejects the cheater. An honest worker on the same path is accepted
+(the control: the checks catch the cheat, not the set-up)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pool_fixtures import make_pool
+from swarmrl.checkpoints import load_policy
+from swarmrl.config import load_config
+from swarmrl.inference.adversary import KINDS, Copy, behaviour, parse_kinds
+from swarmrl.inference.rollout import attach_proofs
+from swarmrl.inference.worker import generate_assignment
+from swarmrl.protocol import PoolRefused
+from swarmrl.protocol.membership import ejected
+from swarmrl.rollouts import write_rollouts
+from swarmrl.tasks.registry import build_task
+from swarmrl.validator.service import judge_submission
+from swarmrl.validator.settings import ValidatorSettings
+
+RUN = "adv"
+# The check each kind must fail (among others it may fail too).
+CAUGHT_BY = {
+    "wrong_model": "toploc",
+    "temperature": "logprobs",
+    "best_of_n": "sampling",
+    "inflated_rewards": "values",
+    "copied_proofs": "toploc",
+    "garbage": "termination",
+    "copy": "assignment",
+}
+
+
+class HeldPolicy:
+    """The claimed checkpoint, already loaded (the validator process fetches it through
+    SHARDCAST; here the test holds it)."""
+
+    def __init__(self, model, tok) -> None:
+        self.loaded = (model, tok)
+
+    def get(self, step: int):
+        return self.loaded
+
+
+def test_every_kind_has_a_check_that_catches_it():
+    assert set(CAUGHT_BY) == set(KINDS)
+
+
+def test_kinds_parse_from_the_command_line():
+    assert parse_kinds("copy, garbage,copy") == ["copy", "garbage"]
+    for bad in ("", "wrong_model,lazy"):
+        with pytest.raises(ValueError, match="one or more of wrong_model"):
+            parse_kinds(bad)
+
+
+@pytest.fixture(scope="module")
+def setting(warm_model_dir: Path, tmp_path_factory):
+    cfg = load_config(
+        overrides={
+            "run_name": RUN,
+            "output_dir": str(tmp_path_factory.mktemp("out")),
+            "worker.prompts_per_file": 2,
+            "sampling.group_size": 4,
+        }
+    )
+    return cfg, build_task(cfg.task)
+
+
+def _file(cfg, task, worker, cheat, model_dir: Path, path: Path):
+    """One assignment, generated and written the way the worker does it, then tampered."""
+    model, tok = load_policy(model_dir)
+    work = worker.assignment(0).assignment
+    assert work is not None
+    batch, meta = generate_assignment(
+        cfg, cheat.policy(model), tok, task, work, 0, worker.address, cheat
+    )
+    attach_proofs(batch)
+    write_rollouts(path, batch.columns, meta)
+    cheat.tamper(path, meta)
+    return work
+
+
+@pytest.mark.parametrize("kind", [None, *KINDS])
+def test_a_cheater_is_caught_slashed_and_ejected(kind, setting, warm_model_dir, tmp_path):
+    cfg, task = setting
+    pool = make_pool(tmp_path, run_id=RUN, prompts_per_assignment=2, group_size=4, batch_samples=64)
+    try:
+        pool.trainer.announce_checkpoint(0, "0" * 64)
+        honest, cheater = pool.workers
+        if kind == "copy":
+            # Another worker's file in the store, where the copier can read it.
+            theirs = tmp_path / "theirs.parquet"
+            work = _file(cfg, task, honest, behaviour(None, honest.address), warm_model_dir, theirs)
+            honest.upload(work.id, theirs)
+        cheat = behaviour(kind, cheater.address, Path(pool.config.store))
+        if isinstance(cheat, Copy):
+            cheat.wait = 0.0
+        path = tmp_path / "cheat.parquet"
+        work = _file(cfg, task, cheater, cheat, warm_model_dir, path)
+        cheater.upload(work.id, path)
+
+        policy, settings = HeldPolicy(*load_policy(warm_model_dir)), ValidatorSettings()
+        handed = pool.validator.next_for_validation()
+        if kind == "copy":  # the copied file first (uploaded first): accepted
+            judged = judge_submission(pool.validator, handed, cfg, policy, settings, task)
+            assert judged["status"] == "accepted", judged["reason"]
+            handed = pool.validator.next_for_validation()
+        assert handed.submission is not None and handed.submission.worker == cheater.address
+        record = judge_submission(pool.validator, handed, cfg, policy, settings, task)
+        status = pool.trainer.status()
+        if kind is None:
+            assert record["status"] == "accepted", record["reason"]
+            assert status.slashings == []
+            assert cheater.assignment(0).assignment is not None
+            return
+        assert record["status"] == "rejected", record
+        assert CAUGHT_BY[kind] in record["failed_checks"], record["reason"]
+        # The reject acts: the stake is slashed, and the worker is ejected.
+        (slashing,) = status.slashings
+        assert slashing.address == cheater.address and slashing.slashed > 0
+        assert slashing.reason == record["reason"]
+        assert handed.submission.file_hash in slashing.voided_files
+        member = next(m for m in status.members if m.address == cheater.address)
+        assert member.status == "ejected"
+        with pytest.raises(PoolRefused) as refused:
+            cheater.assignment(0)
+        assert ejected(refused.value), refused.value
+    finally:
+        pool.stop()
