@@ -6,19 +6,27 @@ rejection slashes and ejects the cheater. An honest worker on the same path is a
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from pool_fixtures import make_pool
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import load_config
+from swarmrl.identity import load_identity
 from swarmrl.inference.adversary import KINDS, Copy, behaviour, parse_kinds
 from swarmrl.inference.rollout import attach_proofs
 from swarmrl.inference.worker import generate_assignment
+from swarmrl.ledger import Ledger, check_ledger
+from swarmrl.ledger.models import Contribution, Submission
 from swarmrl.protocol import PoolRefused
 from swarmrl.protocol.membership import ejected
 from swarmrl.rollouts import write_rollouts
+from swarmrl.runfolder import RunFolder
 from swarmrl.tasks.registry import build_task
 from swarmrl.validator.service import judge_submission
 from swarmrl.validator.settings import ValidatorSettings
@@ -124,7 +132,7 @@ def test_a_cheater_is_caught_slashed_and_ejected(kind, setting, warm_model_dir, 
         (slashing,) = status.slashings
         assert slashing.address == cheater.address and slashing.slashed > 0
         assert slashing.reason == record["reason"]
-        assert handed.submission.file_hash in slashing.voided_files
+        assert slashing.file_hash == handed.submission.file_hash
         member = next(m for m in status.members if m.address == cheater.address)
         assert member.status == "ejected"
         with pytest.raises(PoolRefused) as refused:
@@ -132,3 +140,93 @@ def test_a_cheater_is_caught_slashed_and_ejected(kind, setting, warm_model_dir, 
         assert ejected(refused.value), refused.value
     finally:
         pool.stop()
+
+
+def test_a_pool_with_two_cheaters_trains_on_honest_work_and_pays_it(tmp_path, warm_model_dir):
+    """`swarmrl run --adversary`: 2 honest workers and 2 cheaters of different kinds on
+    loopback, several steps. Both cheaters are rejected, slashed and ejected; none of
+    their rejected or voided files is trained; the honest workers are credited exactly
+    their accepted samples and paid; the ledger's books balance."""
+    out = tmp_path / "outputs"
+    kinds = ["wrong_model", "inflated_rewards"]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "swarmrl",
+            "run",
+            "--model.path",
+            str(warm_model_dir),
+            "--output_dir",
+            str(out),
+            "--run_name",
+            "a",
+            "--adversary",
+            ",".join(kinds),
+            "--worker.count",
+            "2",
+            "--trainer.steps",
+            "3",
+            "--trainer.batch_samples",
+            "16",
+            "--worker.prompts_per_file",
+            "2",
+            "--sampling.group_size",
+            "4",
+            "--eval_before",
+            "false",
+            "--eval_after",
+            "false",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = RunFolder(out / "a")
+    summary = json.loads(run.summary.read_text())
+    assert summary["final_step"] == 3 and summary["ledger_problems"] == []
+    cheaters = {c["kind"]: c for c in summary["cheaters"]}
+    assert set(cheaters) == set(kinds)
+    for kind, c in cheaters.items():
+        assert c["caught"] and c["ejected"] and c["slashed"] > 0, c
+        assert c["check"] == CAUGHT_BY[kind], c
+        # The console said it: who, by which check, what was slashed.
+        assert f"caught adversary-{kind} at" in proc.stderr, proc.stderr[-3000:]
+    # An ejected cheater is not restarted, and its exit is no failure.
+    assert all(summary["restarts"][f"adversary-{k}"] == 0 for k in kinds), summary["restarts"]
+
+    cheats = {c["address"] for c in cheaters.values()}
+    honest = {load_identity(run.worker_dir(i) / "key").address for i in range(2)}
+    ledger = Ledger(f"sqlite:///{run.ledger}")
+    try:
+        with ledger.session() as session:
+            assert check_ledger(session) == []
+            submissions = list(session.scalars(select(Submission)))
+            credited = {c.file_hash: c for c in session.scalars(select(Contribution))}
+    finally:
+        ledger.close()
+    theirs = [s for s in submissions if s.worker in cheats]
+    assert {s.worker for s in theirs if s.state == "rejected"} == cheats
+    for s in theirs:
+        if s.state in ("rejected", "voided"):
+            assert s.trained_step is None and s.file_hash not in credited, s.file_hash
+    accounts = summary["accounts"]
+    for address in honest:
+        # Credited: files accepted by the validator, and files trained unchosen.
+        mine = [s for s in submissions if s.worker == address]
+        accepted = [
+            s
+            for s in mine
+            if s.state == "accepted" or (s.state == "pending" and s.trained_step is not None)
+        ]
+        assert (
+            sum(credited[s.file_hash].samples for s in mine if s.file_hash in credited)
+            == sum(s.num_samples for s in accepted)
+            > 0
+        ), address
+    for name in ("worker-0", "worker-1"):
+        assert accounts[name]["status"] != "ejected" and accounts[name]["paid"] > 0, accounts
+    for kind in kinds:
+        assert accounts[f"adversary-{kind}"]["status"] == "ejected", accounts

@@ -468,6 +468,7 @@ class SlashingWatch:
         self.names = names  # address -> process name
         self.say = say
         self.seen: list[api.Slashing] = []
+        self.status: api.PoolStatus | None = None  # the newest answer
         self.polled_at = 0.0
 
     def poll(self, force: bool = False) -> None:
@@ -478,6 +479,7 @@ class SlashingWatch:
         status = pool_status(self.url)
         if status is None:
             return
+        self.status = status
         for slashing in status.slashings[len(self.seen) :]:
             self.seen.append(slashing)
             self.say(self.line(slashing))
@@ -486,31 +488,49 @@ class SlashingWatch:
         who = self.names.get(s.address, s.address)
         when = time.strftime("%H:%M:%S", time.localtime(s.at))
         tainted = (
-            f", {len(s.tainted_files)} already trained (tainted steps "
+            f", {s.tainted_files} already trained (tainted steps "
             f"{', '.join(map(str, s.tainted_steps))})"
             if s.tainted_files
             else ", none trained"
         )
         return (
             f"caught {who} at {when} (step {s.step}) by the {failed_check(s.reason)} check: "
-            f"{s.reason}; stake slashed {s.slashed:g}; {len(s.voided_files)} file(s) voided"
+            f"{s.reason}; stake slashed {s.slashed:g}; {s.voided_files} file(s) voided"
             f"{tainted}; ejected"
         )
+
+
+def worker_accounts(status: api.PoolStatus | None, names: dict[str, str]) -> dict[str, dict]:
+    """Per worker process (honest or not), as the orchestrator last showed it: its status
+    and its funds (balance, stake, paid, unpaid)."""
+    return {
+        names.get(m.address, m.address): {
+            "status": m.status,
+            "balance": m.balance,
+            "stake": m.stake,
+            "paid": m.paid,
+            "unpaid": m.unpaid,
+        }
+        for m in (status.members if status else [])
+        if m.role == "worker"
+    }
 
 
 def cheaters_summary(
     adversaries: Sequence[str],
     keys: dict[str, Path],
-    slashings: list[api.Slashing],
-    ejected: set[str],
+    watch: SlashingWatch,
+    stopped: set[str],
 ) -> list[dict]:
-    """Per adversary: its address, and when and by which check it was caught, what it
-    lost, and whether it left the pool."""
+    """Per adversary: its address; when and by which check it was caught and what it
+    lost; whether the pool ejected it, and whether its process stopped on the ejection
+    (`stopped`: a cheater caught after the run finished just ends with the run)."""
+    members = {m.address: m for m in (watch.status.members if watch.status else [])}
     out = []
     for kind in adversaries:
         name = f"adversary-{kind}"
         address = load_identity(keys[name]).address
-        caught = next((s for s in slashings if s.address == address), None)
+        caught = next((s for s in watch.seen if s.address == address), None)
         record: dict = {
             "name": name,
             "kind": kind,
@@ -524,11 +544,13 @@ def cheaters_summary(
                 "check": failed_check(caught.reason),
                 "reason": caught.reason,
                 "slashed": caught.slashed,
-                "files_voided": len(caught.voided_files),
-                "files_tainted": len(caught.tainted_files),
+                "files_voided": caught.voided_files,
+                "files_tainted": caught.tainted_files,
                 "tainted_steps": caught.tainted_steps,
             }
-        record["ejected"] = name in ejected
+        member = members.get(address)
+        record["ejected"] = member is not None and member.status == "ejected"
+        record["stopped_on_ejection"] = name in stopped
         out.append(record)
     return out
 
@@ -576,6 +598,17 @@ def _supervise(
                 display.say(f"{name} still running after the trainer finished; stopping it")
                 del deadline[name]
         time.sleep(0.2)
+
+
+def accounts_table(accounts: dict[str, dict]) -> Table:
+    table = Table(title="workers")
+    for column in ("worker", "status", "balance", "stake", "paid", "unpaid"):
+        table.add_column(column, justify="left" if column in ("worker", "status") else "right")
+    for name, a in sorted(accounts.items()):
+        table.add_row(
+            name, a["status"], *(f"{a[k]:g}" for k in ("balance", "stake", "paid", "unpaid"))
+        )
+    return table
 
 
 def cheaters_table(cheaters: list[dict]) -> Table:
@@ -803,7 +836,8 @@ def _run(
         "restarts": restarts,
         "restarts_total": sum(restarts.values()),
         "slashings": len(watch.seen),
-        "cheaters": cheaters_summary(adversaries, keys, watch.seen, sup.ejected),
+        "accounts": worker_accounts(watch.status, names),
+        "cheaters": cheaters_summary(adversaries, keys, watch, sup.ejected),
         "wall_seconds": round(time.time() - started, 1),
     }
     folder.summary.write_text(json.dumps(summary, indent=2))
@@ -811,10 +845,11 @@ def _run(
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in summary.items():
-        if key == "cheaters":
-            continue  # a table of its own
+        if key in ("accounts", "cheaters"):
+            continue  # tables of their own
         table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
     console.print(table)
+    console.print(accounts_table(summary["accounts"]))
     if adversaries:
         console.print(cheaters_table(summary["cheaters"]))
     console.print(f"summary written to {folder.summary}")
