@@ -105,6 +105,11 @@ def test_a_cheater_is_caught_slashed_and_ejected(kind, setting, warm_model_dir, 
             theirs = tmp_path / "theirs.parquet"
             work = _file(cfg, task, honest, behaviour(None, honest.address), warm_model_dir, theirs)
             honest.upload(work.id, theirs)
+            # Unchanged, another worker's file is refused at upload: it names its worker.
+            mine = cheater.assignment(0).assignment
+            with pytest.raises(PoolRefused) as refused:
+                cheater.upload(mine.id, theirs)
+            assert refused.value.status == 422 and "worker_address" in refused.value.detail
         cheat = behaviour(kind, cheater.address, Path(pool.config.store))
         if isinstance(cheat, Copy):
             cheat.wait = 0.0
