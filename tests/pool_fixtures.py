@@ -49,7 +49,9 @@ def ledger_url_for(backend: str, tmp_path: Path) -> str:
     return f"{base}{sep}options=-csearch_path%3D{schema}"
 
 
-def rollout_columns(n: int, *, advantage: float = 0.5, tokens: int = 2) -> dict[str, list]:
+def rollout_columns(
+    n: int, *, advantage: float = 0.5, tokens: int = 2, policy_step: int = 0
+) -> dict[str, list]:
     return {
         "problem_id": [f"p{i // 2}" for i in range(n)],
         "input_tokens": [[1, 2, 3]] * n,
@@ -60,7 +62,7 @@ def rollout_columns(n: int, *, advantage: float = 0.5, tokens: int = 2) -> dict[
         "length_penalties": [0.0] * n,
         "advantages": [advantage] * n,
         "target_lengths": [-1] * n,
-        "policy_step": [0] * n,
+        "policy_step": [policy_step] * n,
         "seed": list(range(n)),
         "proofs": [b"\x00" * 4] * n,
     }
@@ -79,7 +81,9 @@ def rollout_file(path: Path, worker: str, assignment: api.AssignmentInfo, **meta
     } | meta
     rows = fields["num_samples"] if fields["num_samples"] > 0 else 1
     # model_construct: a hostile file may carry metadata the strict model would refuse.
-    return write_rollouts(path, rollout_columns(rows), RolloutMeta.model_construct(**fields))
+    # Generated with the policy of the assignment's step: within any async bound.
+    columns = rollout_columns(rows, policy_step=assignment.step)
+    return write_rollouts(path, columns, RolloutMeta.model_construct(**fields))
 
 
 @dataclass
