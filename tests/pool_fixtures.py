@@ -160,7 +160,9 @@ class PoolUnderTest:
         return worker.upload(assignment.id, path)
 
 
-def make_pool(tmp_path: Path, backend: str = "sqlite", **overrides) -> PoolUnderTest:
+def make_pool(
+    tmp_path: Path, backend: str = "sqlite", workers: int = 2, **overrides
+) -> PoolUnderTest:
     trainer, validator = Identity.generate(), Identity.generate()
     allowlist = tmp_path / "allowlist"
     allowlist.write_text(f"{trainer.address} trainer\n{validator.address} validator\n")
@@ -187,8 +189,8 @@ def make_pool(tmp_path: Path, backend: str = "sqlite", **overrides) -> PoolUnder
     pool.keys = {"trainer": trainer, "validator": validator}
     pool.trainer.register("trainer")
     pool.validator.register("validator")
-    pool.new_worker()
-    pool.new_worker()
+    for _ in range(workers):
+        pool.new_worker()
     return pool
 
 

@@ -17,13 +17,13 @@ from sqlalchemy import select
 from pool_fixtures import make_pool
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import load_config
-from swarmrl.identity import load_identity
-from swarmrl.inference.adversary import KINDS, Copy, behaviour, parse_kinds
+from swarmrl.identity import Identity, load_identity
+from swarmrl.inference.adversary import KINDS, BestOfN, Copy, behaviour, parse_kinds
 from swarmrl.inference.rollout import attach_proofs
 from swarmrl.inference.worker import generate_assignment
 from swarmrl.ledger import Ledger, check_ledger
 from swarmrl.ledger.models import Contribution, Submission
-from swarmrl.protocol import PoolRefused
+from swarmrl.protocol import PoolClient, PoolRefused
 from swarmrl.protocol.membership import ejected
 from swarmrl.rollouts import write_rollouts
 from swarmrl.runfolder import RunFolder
@@ -32,6 +32,7 @@ from swarmrl.validator.service import judge_submission
 from swarmrl.validator.settings import ValidatorSettings
 
 RUN = "adv"
+STAKE = 5.0
 # The check each kind must fail (among others it may fail too).
 CAUGHT_BY = {
     "wrong_model": "toploc",
@@ -42,6 +43,16 @@ CAUGHT_BY = {
     "garbage": "termination",
     "copy": "assignment",
 }
+
+
+def staked_worker(pool, owner: Identity) -> PoolClient:
+    """A worker funded by the pool's owner, registered by locking its stake."""
+    worker = pool.client(Identity.generate())
+    with PoolClient(pool.url, owner) as funder:
+        funder.fund(worker.address, STAKE)
+    worker.register("worker")
+    pool.workers.append(worker)
+    return worker
 
 
 class HeldPolicy:
@@ -96,10 +107,20 @@ def _file(cfg, task, worker, cheat, model_dir: Path, path: Path):
 @pytest.mark.parametrize("kind", [None, *KINDS])
 def test_a_cheater_is_caught_slashed_and_ejected(kind, setting, warm_model_dir, tmp_path):
     cfg, task = setting
-    pool = make_pool(tmp_path, run_id=RUN, prompts_per_assignment=2, group_size=4, batch_samples=64)
+    owner = Identity.generate()
+    pool = make_pool(
+        tmp_path,
+        workers=0,
+        run_id=RUN,
+        prompts_per_assignment=2,
+        group_size=4,
+        batch_samples=64,
+        owner=owner.address,
+        min_stake=STAKE,
+    )
     try:
         pool.trainer.announce_checkpoint(0, "0" * 64)
-        honest, cheater = pool.workers
+        honest, cheater = (staked_worker(pool, owner) for _ in range(2))
         if kind == "copy":
             # Another worker's file in the store, where the copier can read it.
             theirs = tmp_path / "theirs.parquet"
@@ -113,6 +134,8 @@ def test_a_cheater_is_caught_slashed_and_ejected(kind, setting, warm_model_dir, 
         cheat = behaviour(kind, cheater.address, Path(pool.config.store))
         if isinstance(cheat, Copy):
             cheat.wait = 0.0
+        if isinstance(cheat, BestOfN):
+            cheat.n = 2  # the cheat is the same with 2 tries as with 4, at half the cost
         path = tmp_path / "cheat.parquet"
         work = _file(cfg, task, cheater, cheat, warm_model_dir, path)
         cheater.upload(work.id, path)
@@ -135,11 +158,11 @@ def test_a_cheater_is_caught_slashed_and_ejected(kind, setting, warm_model_dir, 
         assert CAUGHT_BY[kind] in record["failed_checks"], record["reason"]
         # The reject acts: the stake is slashed, and the worker is ejected.
         (slashing,) = status.slashings
-        assert slashing.address == cheater.address and slashing.slashed > 0
+        assert (slashing.address, slashing.slashed) == (cheater.address, STAKE)
         assert slashing.reason == record["reason"]
         assert slashing.file_hash == handed.submission.file_hash
         member = next(m for m in status.members if m.address == cheater.address)
-        assert member.status == "ejected"
+        assert (member.status, member.stake, member.paid) == ("ejected", 0.0, 0.0)
         with pytest.raises(PoolRefused) as refused:
             cheater.assignment(0)
         assert ejected(refused.value), refused.value

@@ -119,6 +119,9 @@ class Temperature(Behaviour):
 class BestOfN(Behaviour):
     kind = "best_of_n"
 
+    def __init__(self, n: int = BEST_OF) -> None:
+        self.n = n
+
     def generate(self, generate: Generate, assignment: Assignment, **kwargs) -> RolloutBatch:
         tries = [
             generate(
@@ -131,7 +134,7 @@ class BestOfN(Behaviour):
                 ),
                 **kwargs,
             )
-            for k in range(1, BEST_OF + 1)
+            for k in range(1, self.n + 1)
         ]
         group = len(assignment.sample_seeds[0])
         best = tries[0]
