@@ -83,7 +83,7 @@ def setting(warm_model_dir: Path, tmp_path_factory):
         overrides={
             "run_name": RUN,
             "output_dir": str(tmp_path_factory.mktemp("out")),
-            "worker.prompts_per_file": 2,
+            "worker.prompts_per_file": 1,
             "sampling.group_size": 4,
         }
     )
@@ -112,7 +112,7 @@ def test_a_cheater_is_caught_slashed_and_ejected(kind, setting, warm_model_dir, 
         tmp_path,
         workers=0,
         run_id=RUN,
-        prompts_per_assignment=2,
+        prompts_per_assignment=1,
         group_size=4,
         batch_samples=64,
         owner=owner.address,
@@ -224,6 +224,8 @@ def test_a_pool_with_two_cheaters_trains_on_honest_work_and_pays_it(tmp_path, wa
         assert f"caught adversary-{kind} at" in proc.stderr, proc.stderr[-3000:]
     # An ejected cheater is not restarted, and its exit is no failure.
     assert all(summary["restarts"][f"adversary-{k}"] == 0 for k in kinds), summary["restarts"]
+    # Caught mid-run (not after the final checkpoint), a cheater stops on its ejection.
+    assert any(c["stopped_on_ejection"] for c in cheaters.values()), cheaters
 
     cheats = {c["address"] for c in cheaters.values()}
     honest = {load_identity(run.worker_dir(i) / "key").address for i in range(2)}

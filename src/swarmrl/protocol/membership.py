@@ -134,6 +134,11 @@ class Membership:
                 self.beat()
                 delay = self._interval()
             except Exception as exc:  # noqa: BLE001 - a heartbeat thread must not die
+                if ejected(exc):
+                    # Every further beat is refused: the member's own loop stops on its
+                    # next request, so the thread says it once and ends.
+                    log.error("heartbeat refused, stopping the heartbeats: %s", exc)
+                    return
                 delay = self._trouble("heartbeat failed", exc)
 
     def _interval(self) -> float:
