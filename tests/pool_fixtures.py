@@ -68,8 +68,15 @@ def rollout_columns(
     }
 
 
-def rollout_file(path: Path, worker: str, assignment: api.AssignmentInfo, **meta) -> Path:
-    """A schema-valid rollout file whose metadata matches `assignment` unless overridden."""
+def rollout_file(
+    path: Path,
+    worker: str,
+    assignment: api.AssignmentInfo,
+    policy_step: int | None = None,
+    **meta,
+) -> Path:
+    """A schema-valid rollout file whose metadata matches `assignment` unless overridden;
+    its samples claim the policy of the assignment's step unless `policy_step` is given."""
     n = assignment.prompts * assignment.group_size
     fields = {
         "run_id": "test",
@@ -81,8 +88,8 @@ def rollout_file(path: Path, worker: str, assignment: api.AssignmentInfo, **meta
     } | meta
     rows = fields["num_samples"] if fields["num_samples"] > 0 else 1
     # model_construct: a hostile file may carry metadata the strict model would refuse.
-    # Generated with the policy of the assignment's step: within any async bound.
-    columns = rollout_columns(rows, policy_step=assignment.step)
+    claimed = assignment.step if policy_step is None else policy_step
+    columns = rollout_columns(rows, policy_step=claimed)
     return write_rollouts(path, columns, RolloutMeta.model_construct(**fields))
 
 

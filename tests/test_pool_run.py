@@ -17,6 +17,7 @@ from swarmrl.identity import load_identity
 from swarmrl.orchestrator.pool import read_allowlist
 from swarmrl.protocol import PoolClient
 from swarmrl.protocol.client import PoolRefused
+from swarmrl.protocol.funding import fund_workers, owner_key
 from swarmrl.run import (
     free_port,
     orchestrator_role,
@@ -81,6 +82,21 @@ def test_the_supervised_orchestrator_admits_the_run_and_keeps_its_ledger_across_
         sup.start(orchestrator_role(cfg, port))
         wait_for_orchestrator(sup, url)
         identities = {name: load_identity(path) for name, path in keys.items()}
+        # A staked pool: a worker registers once the run's owner key has funded it, and
+        # funding again (a resumed run) adds nothing.
+        workers = [identities["worker-0"], identities["worker-1"]]
+        with PoolClient(url, identities["worker-0"]) as worker, pytest.raises(PoolRefused) as short:
+            worker.register("worker")
+        assert short.value.status == 402
+        owner = owner_key(cfg.folder.key("owner"))
+        fund_workers(url, owner, workers, cfg.pool.stake)
+        with PoolClient(url, identities["worker-0"]) as worker:
+            joined = worker.register("worker")
+            assert (joined.balance, joined.stake) == (0.0, cfg.pool.stake)
+        fund_workers(url, owner, workers, cfg.pool.stake)
+        assert [
+            m.balance for m in PoolClient(url, None).status().members if m.role == "worker"
+        ] == [0.0]
         with PoolClient(url, identities["trainer"]) as trainer:
             assert trainer.register("trainer", url="http://127.0.0.1:1").role == "trainer"
         with PoolClient(url, identities["worker-0"]) as worker:

@@ -45,7 +45,7 @@ def model_dir() -> Path:
 class Pool:
     """An orchestrator, its trainer key and one worker; files made as an honest worker would."""
 
-    def __init__(self, tmp: Path, model_dir: Path, steps: int) -> None:
+    def __init__(self, tmp: Path, model_dir: Path, steps: int, **orchestrator) -> None:
         self.tmp = tmp
         self.cfg = self.config(steps)
         self.trainer_key = Identity.generate()
@@ -68,6 +68,11 @@ class Pool:
             async_level=self.cfg.async_level,
             max_open_per_worker=8,
             heartbeat_seconds=120.0,
+            # No validator runs here: every file goes to the trainer unchecked.
+            validation_fraction=0.0,
+        )
+        self.orch_config = OrchestratorConfig.model_validate(
+            self.orch_config.model_dump() | orchestrator
         )
         self.server = OrchestratorThread(self.orch_config)
         self.server.start()
@@ -221,22 +226,36 @@ def test_inflated_advantages_are_trained_with_the_recomputed_values(pool, model_
     assert view.checkpoint.blake3 == listed[1].blake3
 
 
-def test_a_file_rejected_after_it_was_read_is_not_trained(pool, model_dir):
-    trainer = pool.trainer(model_dir, steps=1)
-    issued = [pool.worker.assignment(0).assignment for _ in range(2)]
-    first, _ = pool.honest_upload(0, issued[0])
-    second, _ = pool.honest_upload(0, issued[1])
-    collector = trainer.source.open_step(0)
-    collector.poll()
-    read = set(collector.files.values())
-    assert {first.file_hash, second.file_hash} <= read
-    validator = PoolClient(pool.server.url, pool.validator_key)
-    validator.register("validator")
-    validator.post_verdict(first.file_hash, False, "rejected: toploc: sample 0")
-    assert collector.drop_withdrawn() > 0
-    used = collector.files_of(collector.take(10**6))
-    assert first.file_hash not in used and second.file_hash in used
-    assert collector.drop_withdrawn() == 0
+def test_a_file_voided_after_it_was_read_is_not_trained(tmp_path, model_dir):
+    # The trainer has read a file when its worker is caught on another one (checked at
+    # the new-member rate): the file read but not trained is voided, and dropped.
+    pool = Pool(
+        tmp_path, model_dir, 1, validation_fraction=1e-12, new_member_files=1, batch_samples=512
+    )
+    try:
+        trainer = pool.trainer(model_dir, steps=1)
+        validator = PoolClient(pool.server.url, pool.validator_key)
+        validator.register("validator")
+        pool.honest_upload(0)  # the cheat's first file: checked
+        caught = validator.next_for_validation().submission
+        first, _ = pool.honest_upload(0)
+        pool.worker = PoolClient(pool.server.url, Identity.generate())
+        pool.worker.register("worker")
+        second, _ = pool.honest_upload(0)
+        while (handed := validator.next_for_validation()).submission is not None:
+            validator.post_verdict(handed.submission.file_hash, True)
+        collector = trainer.source.open_step(0)
+        collector.poll()
+        read = set(collector.files.values())
+        assert {first.file_hash, second.file_hash} <= read
+        validator.post_verdict(caught.file_hash, False, "rejected: toploc: sample 0")
+        assert collector.drop_withdrawn() > 0
+        used = collector.files_of(collector.take(10**6))
+        assert first.file_hash not in used and second.file_hash in used
+        assert collector.drop_withdrawn() == 0
+        assert pool.submissions()[first.file_hash].state == "voided"  # check_ledger inside
+    finally:
+        pool.stop()
 
 
 def test_group_advantages_are_recomputed_from_verified_rewards():

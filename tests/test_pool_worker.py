@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from helpers import random_model
 from pool_fixtures import make_pool, rollout_file
@@ -25,6 +26,7 @@ from swarmrl.inference.worker import (
     WorkerHome,
     deliver_leftovers,
 )
+from swarmrl.ledger import Ledger, Submission
 from swarmrl.protocol import PoolClient
 from swarmrl.protocol import models as api
 from swarmrl.protocol.membership import Membership
@@ -163,9 +165,15 @@ def test_worker_serves_the_pool_from_its_own_folder(tmp_path):
             cwd,
         )
         procs, logs = [relay, worker], [relay_log, worker_log]
+
+        # Every file is chosen for validation here (not listed for the trainer until
+        # accepted): the uploads are counted in the pool's status.
+        def uploaded(step: int) -> int:
+            return sum(s.submissions for s in pool.trainer.status().steps if s.step == step)
+
         _wait(
             "uploads for step 0",
-            lambda: len(pool.trainer.submissions_for_step(0).submissions) >= 2,
+            lambda: uploaded(0) >= 2,
             240,
             procs,
             logs,
@@ -209,11 +217,14 @@ def test_worker_serves_the_pool_from_its_own_folder(tmp_path):
     assert all(set(s["bytes_by_server"]) == {relay_url} for s in lines)
 
     # The orchestrator recorded each upload against an assignment issued to this worker.
-    submissions = [
-        s for step in range(5) for s in pool.trainer.submissions_for_step(step).submissions
-    ]
-    assert len(submissions) == counts["uploaded"]
-    assert {s.worker for s in submissions} == {worker_id.address}
+    ledger = Ledger(pool.config.ledger)
+    try:
+        with ledger.session() as s:
+            uploaders = s.scalars(select(Submission.worker)).all()
+    finally:
+        ledger.close()
+    assert len(uploaders) == counts["uploaded"]
+    assert set(uploaders) == {worker_id.address}
     assert pool.ledger_problems() == []
 
     # The files answer the issued prompts: the validator sees the assignment's seed.
@@ -245,7 +256,7 @@ def test_worker_serves_the_pool_from_its_own_folder(tmp_path):
 
 
 def test_uploads_refused_dropped_and_unreachable_given_up(tmp_path):
-    pool = make_pool(tmp_path)
+    pool = make_pool(tmp_path, validation_fraction=0.0)  # unchecked: listed once uploaded
     pool.trainer.announce_checkpoint(0, "0" * 64)
     worker = pool.workers[0]
     home = WorkerHome(tmp_path / "w")

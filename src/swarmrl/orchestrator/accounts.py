@@ -36,6 +36,7 @@ from swarmrl.ledger import (
 )
 
 NANO = 10**9
+MAX_BALANCE = 10**18  # nano-units (1e9 units): far inside the ledger's signed 64-bit integers
 
 
 def to_units(amount: float) -> int:

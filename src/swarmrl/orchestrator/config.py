@@ -122,6 +122,7 @@ class OrchestratorConfig(BaseModel):
     min_stake: float = Field(
         0.0,
         ge=0,
+        le=1e9,
         description="stake a worker locks from its balance to register (0: no stake, a closed "
         "or free pool)",
     )
@@ -133,10 +134,13 @@ class OrchestratorConfig(BaseModel):
         "(the rest returns to its balance as it is ejected)",
     )
     pay_per_sample: float = Field(
-        1.0, ge=0, description="paid per sample of credited work, when its step ends"
+        1.0, ge=0, le=1000, description="paid per sample of credited work, when its step ends"
     )
     pay_per_token: float = Field(
-        0.0, ge=0, description="paid per generated token of credited work, when its step ends"
+        0.0,
+        ge=0,
+        le=1000,
+        description="paid per generated token of credited work, when its step ends",
     )
     sweep_seconds: float = Field(
         1.0, gt=0, description="how often health, deadlines and old nonces are checked"

@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from swarmrl.ledger import (
+    Account,
     Assignment,
     Checkpoint,
     Contribution,
@@ -227,7 +228,7 @@ class Pool:
                 s.get_one(Heartbeat, address).last_at = now
             s.flush()
             self._view = None
-            acct = accounts.account(s, address)
+            acct = s.get(Account, address) or Account(balance=0, stake=0)
             return api.Member(
                 address=m.address,
                 role=cast(api.Role, m.role),
@@ -259,13 +260,15 @@ class Pool:
         if owner != self.config.owner:
             raise Refusal(403, f"{owner} is not the pool owner; only {self.config.owner} funds")
         with self._lock, self.ledger.session() as s:
-            acct = accounts.fund(
-                s,
-                owner,
-                to_checksum_address(req.address),
-                accounts.to_units(req.amount),
-                self.clock(),
-            )
+            address = to_checksum_address(req.address)
+            held = s.get(Account, address)
+            if (held.balance if held else 0) + accounts.to_units(req.amount) > accounts.MAX_BALANCE:
+                raise Refusal(
+                    422,
+                    f"{address} would hold over {accounts.from_units(accounts.MAX_BALANCE):g}, "
+                    "the most one balance may hold",
+                )
+            acct = accounts.fund(s, owner, address, accounts.to_units(req.amount), self.clock())
             return api.Account(
                 address=acct.address,
                 balance=accounts.from_units(acct.balance),
