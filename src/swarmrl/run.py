@@ -35,6 +35,7 @@ verdict counts, the ledger's consistency and the restarts of each process.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -673,6 +674,7 @@ def run_swarm(
     worker to add (`inference/adversary.py`). Raises SwarmError (a process kept failing,
     or the run folder holds another run) or RunInterrupted (SIGINT/SIGTERM)."""
     console = console or Console(stderr=True, soft_wrap=True)  # log lines stay unwrapped
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a console line per request
     supervisor: list[Supervisor] = []
     signals: list[int] = []
 
