@@ -520,7 +520,8 @@ def test_no_replay_slack_for_an_improbable_token():
     honest = _token_stats(prob=0.3, low=u + drift, eos_prob=0.01)
     assert replay(honest, seed, settings_.replay_tolerance, settings_.replay_floor).misses == 0
 
-    # An ending EOS of probability 1e-9 that the replay "confirms" is no longer excused.
+    # An ending EOS of probability 1e-9 is excused only as the exact draw of its seed (the
+    # replay gives it no slack), never when the replay misses.
     eos = 2
     rows = Rollouts(
         problem_id=["p"],
@@ -539,10 +540,11 @@ def test_no_replay_slack_for_an_improbable_token():
     stats = _token_stats(prob=1e-9, low=u, eos_prob=1e-9)
     confirmed = [ReplayResult(0, None, -1.0)]
     common = {"eos_id": eos, "max_new_tokens": 48, "min_eos_prob": 0.1, "replay_exempts_eos": True}
-    assert checks.check_termination(rows, [stats], confirmed, replay_floor=0.0, **common).passed
-    result = checks.check_termination(
-        rows, [stats], confirmed, replay_floor=settings_.replay_floor, **common
-    )
+    assert checks.check_termination(rows, [stats], confirmed, **common).passed
+    swapped = _token_stats(prob=1e-9, low=u + 5e-5, eos_prob=1e-9)  # within the old slack
+    missed = [replay(swapped, seed, settings_.replay_tolerance, settings_.replay_floor)]
+    assert missed[0].misses == 1
+    result = checks.check_termination(rows, [swapped], missed, **common)
     assert not result.passed and "probability 1e-09" in result.failures[0].detail
 
 

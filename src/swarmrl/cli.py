@@ -12,11 +12,17 @@ from swarmrl.config import ConfigError, add_config_arguments, config_from_args
 
 
 def _run(args: argparse.Namespace) -> int:
+    from swarmrl.inference.adversary import parse_kinds
     from swarmrl.run import RunInterrupted, SwarmError, run_swarm
 
     cfg = config_from_args(args)
     try:
-        run_swarm(cfg, fresh=args.fresh)
+        adversaries = parse_kinds(args.adversary) if args.adversary is not None else []
+    except ValueError as exc:
+        print(f"swarmrl run: --adversary: {exc}", file=sys.stderr)
+        return 2
+    try:
+        run_swarm(cfg, fresh=args.fresh, adversaries=adversaries)
     except SwarmError as exc:
         print(f"swarmrl run failed: {exc}", file=sys.stderr)
         return 1
@@ -62,14 +68,26 @@ def _trainer(args: argparse.Namespace) -> int:
 
 def _worker(args: argparse.Namespace) -> int:
     from swarmrl.identity import KeyFileError, load_identity
+    from swarmrl.inference.adversary import behaviour
     from swarmrl.inference.worker import run_worker
     from swarmrl.protocol import PoolRefused
+    from swarmrl.protocol.membership import ejected
+    from swarmrl.supervisor import EXIT_EJECTED
 
     cfg = config_from_args(args)
     try:
         identity = load_identity(args.key)
-        counts = run_worker(cfg, args.orchestrator, identity, args.workdir)
+        counts = run_worker(
+            cfg,
+            args.orchestrator,
+            identity,
+            args.workdir,
+            behaviour(args.adversary, identity.address, args.copy_from),
+        )
     except (KeyFileError, PoolRefused) as exc:
+        if ejected(exc):
+            print(f"swarmrl worker: ejected by the pool, stopping: {exc.detail}", file=sys.stderr)
+            return EXIT_EJECTED
         print(f"swarmrl worker: {exc}", file=sys.stderr)
         return 1
     print(f"worker {identity.address}: {json.dumps(vars(counts))}", flush=True)
@@ -112,6 +130,8 @@ def _init_model(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from swarmrl.inference.adversary import KINDS
+
     parser = argparse.ArgumentParser(prog="swarmrl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -129,6 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="delete the run folder <output_dir>/<run_name> first and start over "
         "(without it, a run folder is resumed if its start model, task and recipe match)",
+    )
+    p.add_argument(
+        "--adversary",
+        metavar="KIND[,KIND...]",
+        default=None,
+        help="also start one cheating worker per kind, to watch the pool catch, slash and "
+        f"eject it (docs/adversaries.md); kinds: {', '.join(KINDS)}",
     )
     p.set_defaults(func=_run)
 
@@ -173,6 +200,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         required=True,
         help="the worker's own folder: policy cache, outbox, stats.jsonl (never the run folder)",
+    )
+    p.add_argument(
+        "--adversary",
+        choices=list(KINDS),
+        default=None,
+        help="cheat in this way (to test a pool's defences; docs/adversaries.md)",
+    )
+    p.add_argument(
+        "--copy-from",
+        type=Path,
+        default=None,
+        help="with --adversary copy: a folder of other workers' rollout files to copy from",
     )
     p.set_defaults(func=_worker)
 

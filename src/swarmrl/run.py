@@ -14,6 +14,13 @@ split and writes `<output_dir>/<run_name>/summary.json`: accuracy, the samples w
 uploaded against those the trainer read, the bytes each server served, the validator's
 verdict counts, the ledger's consistency and the restarts of each process.
 
+- `--adversary KIND[,KIND...]` adds one cheating worker per kind
+  (`inference/adversary.py`), in its own folder `adversary-<kind>/` beside the honest
+  workers'. The console shows each slashing the orchestrator records (who, when, the
+  check that failed, the stake slashed, the files voided and tainted), and the summary
+  lists every cheater: caught or not, and ejected or not. An ejected worker exits with
+  `EXIT_EJECTED` and is not restarted.
+
 - One run, one folder: a run folder is resumed only by a run with the same start model,
   task and recipe (`config.run_differences`); anything else is refused with what
   differs, and `--fresh` (or another `--run_name`) starts over. Keys are reused on resume.
@@ -28,6 +35,7 @@ verdict counts, the ledger's consistency and the restarts of each process.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -35,6 +43,7 @@ import signal
 import socket
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -64,6 +73,7 @@ __all__ = ["RunInterrupted", "SwarmError", "run_swarm"]
 EVAL_BATCH = 64  # problems per evaluation batch: the bar's count advances per batch
 WAIT_REPORT_SECONDS = 60.0  # a trainer wait longer than this is reported, and then again
 FINISH_TIMEOUT = {"validator": 120.0, "worker": 60.0}  # after the trainer is done
+SLASHINGS_POLL_SECONDS = 3.0  # how often the console looks for new slashings
 ORCHESTRATOR_START_SECONDS = 120.0  # the first answer of a freshly started orchestrator
 
 
@@ -236,10 +246,10 @@ def trusted_roles(cfg: RunConfig) -> dict[str, api.Role]:
     return roles
 
 
-def prepare_pool(cfg: RunConfig) -> dict[str, Path]:
-    """Keys for every process (the trusted roles' in `<run>/keys/`, each worker's in its
-    own folder) and the allowlist naming the trusted roles' addresses; returns each
-    process's key file."""
+def prepare_pool(cfg: RunConfig, adversaries: Sequence[str] = ()) -> dict[str, Path]:
+    """Keys for every process (the trusted roles' in `<run>/keys/`, each worker's and
+    each adversary's in its own folder) and the allowlist naming the trusted roles'
+    addresses; returns each process's key file."""
     folder = cfg.folder
     keys: dict[str, Path] = {}
     lines = ["# written by `swarmrl run`: the addresses of the run's trusted processes"]
@@ -249,6 +259,9 @@ def prepare_pool(cfg: RunConfig) -> dict[str, Path]:
     for i in range(cfg.worker.count):
         keys[f"worker-{i}"] = folder.worker_dir(i) / "key"
         ensure_key(keys[f"worker-{i}"])
+    for kind in adversaries:
+        keys[f"adversary-{kind}"] = folder.adversary_dir(kind) / "key"
+        ensure_key(keys[f"adversary-{kind}"])
     folder.orchestrator.mkdir(parents=True, exist_ok=True)
     tmp = folder.allowlist.with_name(f".{folder.allowlist.name}.tmp")
     tmp.write_text("\n".join(lines) + "\n")
@@ -335,6 +348,7 @@ def pool_roles(
     keys: dict[str, Path],
     relay_ports: list[int],
     origin: str,
+    adversaries: Sequence[str] = (),
 ) -> list[Role]:
     """Every process of the run but the orchestrator, in start order."""
     folder = cfg.folder
@@ -405,6 +419,30 @@ def pool_roles(
                 cfg.worker.threads,
             )
         )
+    for kind in adversaries:
+        name = f"adversary-{kind}"
+        # A copier reads the rollout store, as it could a storage bucket readable by workers.
+        source = ["--copy-from", str(folder.store.resolve())] if kind == "copy" else []
+        roles.append(
+            Role(
+                name,
+                [
+                    "worker",
+                    "--config",
+                    config_path,
+                    *pool,
+                    "--key",
+                    str(keys[name]),
+                    "--workdir",
+                    str(folder.adversary_dir(kind)),
+                    "--adversary",
+                    kind,
+                    *source,
+                ],
+                folder.log(name),
+                cfg.worker.threads,
+            )
+        )
     if cfg.validator.fraction > 0:
         roles.append(
             Role(
@@ -417,13 +455,119 @@ def pool_roles(
     return roles
 
 
-def _supervise(cfg: RunConfig, sup: Supervisor, display: StepDisplay, url: str) -> None:
-    """Watch the processes until the trainer is done, report its long waits, then let
-    the workers and the validator finish."""
+def failed_check(reason: str) -> str:
+    """The check a verdict's reason names: 'rejected: toploc: sample 3: ...' -> 'toploc';
+    an unusable file ('unusable: ...') -> 'unusable'."""
+    parts = reason.split(": ", 2)
+    return parts[1] if parts[0] == "rejected" and len(parts) > 1 else parts[0]
+
+
+class SlashingWatch:
+    """Follows the orchestrator's slashings and says each new one in one line, naming
+    the run's process that was slashed."""
+
+    def __init__(self, url: str, names: dict[str, str], say) -> None:
+        self.url = url
+        self.names = names  # address -> process name
+        self.say = say
+        self.seen: list[api.Slashing] = []
+        self.status: api.PoolStatus | None = None  # the newest answer
+        self.polled_at = 0.0
+
+    def poll(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.polled_at < SLASHINGS_POLL_SECONDS:
+            return
+        self.polled_at = now
+        status = pool_status(self.url)
+        if status is None:
+            return
+        self.status = status
+        for slashing in status.slashings[len(self.seen) :]:
+            self.seen.append(slashing)
+            self.say(self.line(slashing))
+
+    def line(self, s: api.Slashing) -> str:
+        who = self.names.get(s.address, s.address)
+        when = time.strftime("%H:%M:%S", time.localtime(s.at))
+        tainted = (
+            f", {s.tainted_files} already trained (tainted steps "
+            f"{', '.join(map(str, s.tainted_steps))})"
+            if s.tainted_files
+            else ", none trained"
+        )
+        return (
+            f"caught {who} at {when} (step {s.step}) by the {failed_check(s.reason)} check: "
+            f"{s.reason}; stake slashed {s.slashed:g}; {s.voided_files} file(s) voided"
+            f"{tainted}; ejected"
+        )
+
+
+def worker_accounts(status: api.PoolStatus | None, names: dict[str, str]) -> dict[str, dict]:
+    """Per worker process (honest or not), as the orchestrator last showed it: its status
+    and its funds (balance, stake, paid, unpaid)."""
+    return {
+        names.get(m.address, m.address): {
+            "status": m.status,
+            "balance": m.balance,
+            "stake": m.stake,
+            "paid": m.paid,
+            "unpaid": m.unpaid,
+        }
+        for m in (status.members if status else [])
+        if m.role == "worker"
+    }
+
+
+def cheaters_summary(
+    adversaries: Sequence[str],
+    keys: dict[str, Path],
+    watch: SlashingWatch,
+    stopped: set[str],
+) -> list[dict]:
+    """Per adversary: its address; when and by which check it was caught and what it
+    lost; whether the pool ejected it, and whether its process stopped on the ejection
+    (`stopped`: a cheater caught after the run finished just ends with the run)."""
+    members = {m.address: m for m in (watch.status.members if watch.status else [])}
+    out = []
+    for kind in adversaries:
+        name = f"adversary-{kind}"
+        address = load_identity(keys[name]).address
+        caught = next((s for s in watch.seen if s.address == address), None)
+        record: dict = {
+            "name": name,
+            "kind": kind,
+            "address": address,
+            "caught": caught is not None,
+        }
+        if caught is not None:
+            record |= {
+                "caught_at": caught.at,
+                "step": caught.step,
+                "check": failed_check(caught.reason),
+                "reason": caught.reason,
+                "slashed": caught.slashed,
+                "files_voided": caught.voided_files,
+                "files_tainted": caught.tainted_files,
+                "tainted_steps": caught.tainted_steps,
+            }
+        member = members.get(address)
+        record["ejected"] = member is not None and member.status == "ejected"
+        record["stopped_on_ejection"] = name in stopped
+        out.append(record)
+    return out
+
+
+def _supervise(
+    cfg: RunConfig, sup: Supervisor, display: StepDisplay, url: str, watch: SlashingWatch
+) -> None:
+    """Watch the processes until the trainer is done, report its long waits and every
+    slashing, then let the workers and the validator finish."""
     folder = cfg.folder
     reported_at: dict[int, float] = {}
     while sup.exited("trainer") is None:
         sup.poll()
+        watch.poll()
         records = read_metrics(folder.metrics)
         display.update(records)
         step = records[-1].step + 1 if records else 0
@@ -449,6 +593,7 @@ def _supervise(cfg: RunConfig, sup: Supervisor, display: StepDisplay, url: str) 
     }
     while deadline:
         sup.poll()
+        watch.poll()
         for name in list(deadline):
             if sup.exited(name) is not None:
                 del deadline[name]
@@ -456,6 +601,49 @@ def _supervise(cfg: RunConfig, sup: Supervisor, display: StepDisplay, url: str) 
                 display.say(f"{name} still running after the trainer finished; stopping it")
                 del deadline[name]
         time.sleep(0.2)
+
+
+def accounts_table(accounts: dict[str, dict]) -> Table:
+    table = Table(title="workers")
+    for column in ("worker", "status", "balance", "stake", "paid", "unpaid"):
+        table.add_column(column, justify="left" if column in ("worker", "status") else "right")
+    for name, a in sorted(accounts.items()):
+        table.add_row(
+            name, a["status"], *(f"{a[k]:g}" for k in ("balance", "stake", "paid", "unpaid"))
+        )
+    return table
+
+
+def cheaters_table(cheaters: list[dict]) -> Table:
+    table = Table(title="cheaters")
+    for column in (
+        "worker",
+        "caught at",
+        "step",
+        "check",
+        "slashed",
+        "voided",
+        "tainted",
+        "ejected",
+    ):
+        table.add_column(column)
+    for c in cheaters:
+        if not c["caught"]:
+            table.add_row(
+                c["name"], "not caught", "", "", "", "", "", "yes" if c["ejected"] else "no"
+            )
+            continue
+        table.add_row(
+            c["name"],
+            time.strftime("%H:%M:%S", time.localtime(c["caught_at"])),
+            str(c["step"]),
+            c["check"],
+            f"{c['slashed']:g}",
+            str(c["files_voided"]),
+            str(c["files_tainted"]),
+            "yes" if c["ejected"] else "no",
+        )
+    return table
 
 
 def ledger_figures(folder: RunFolder) -> dict:
@@ -476,10 +664,17 @@ def ledger_figures(folder: RunFolder) -> dict:
     }
 
 
-def run_swarm(cfg: RunConfig, console: Console | None = None, fresh: bool = False) -> dict:
-    """Run the whole swarm and return the summary. Raises SwarmError (a process kept
-    failing, or the run folder holds another run) or RunInterrupted (SIGINT/SIGTERM)."""
+def run_swarm(
+    cfg: RunConfig,
+    console: Console | None = None,
+    fresh: bool = False,
+    adversaries: Sequence[str] = (),
+) -> dict:
+    """Run the whole swarm and return the summary; `adversaries`: kinds of cheating
+    worker to add (`inference/adversary.py`). Raises SwarmError (a process kept failing,
+    or the run folder holds another run) or RunInterrupted (SIGINT/SIGTERM)."""
     console = console or Console(stderr=True, soft_wrap=True)  # log lines stay unwrapped
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a console line per request
     supervisor: list[Supervisor] = []
     signals: list[int] = []
 
@@ -499,7 +694,7 @@ def run_swarm(cfg: RunConfig, console: Console | None = None, fresh: bool = Fals
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return _run(cfg, console, fresh, supervisor)
+        return _run(cfg, console, fresh, supervisor, list(adversaries))
     except RunInterrupted as exc:
         step = latest_checkpoint(cfg.folder.checkpoints)
         left = (
@@ -516,7 +711,13 @@ def run_swarm(cfg: RunConfig, console: Console | None = None, fresh: bool = Fals
             signal.signal(s, handler)
 
 
-def _run(cfg: RunConfig, console: Console, fresh: bool, supervisor: list[Supervisor]) -> dict:
+def _run(
+    cfg: RunConfig,
+    console: Console,
+    fresh: bool,
+    supervisor: list[Supervisor],
+    adversaries: list[str],
+) -> dict:
     started = time.time()
     folder = cfg.folder
     resume_step = prepare_folder(cfg, fresh, console)
@@ -546,7 +747,8 @@ def _run(cfg: RunConfig, console: Console, fresh: bool, supervisor: list[Supervi
     if (latest_checkpoint(folder.checkpoints) or 0) < cfg.trainer.steps:
         # Resuming a finished run with more steps: the trainer must not report done at once.
         folder.trainer_done.unlink(missing_ok=True)
-    keys = prepare_pool(cfg)
+    keys = prepare_pool(cfg, adversaries)
+    names = {load_identity(path).address: name for name, path in keys.items()}
     sup = Supervisor(cfg.supervision, folder.processes, console.print)
     supervisor.append(sup)
     from swarmrl.shardcast.server import start_server
@@ -562,6 +764,12 @@ def _run(cfg: RunConfig, console: Console, fresh: bool, supervisor: list[Supervi
     for i, relay_port in enumerate(relay_ports):
         server_urls[f"relay-{i}"] = f"http://127.0.0.1:{relay_port}"
     console.print(f"orchestrator {url}; ledger {folder.ledger}")
+    if adversaries:
+        console.print(
+            f"adversaries: {', '.join(f'adversary-{kind}' for kind in adversaries)} "
+            f"(cheating workers, beside {cfg.worker.count} honest ones)"
+        )
+    watch = SlashingWatch(url, names, console.print)
     console.print(
         f"checkpoints: origin {origin_server.url} -> "
         + " -> ".join(f"{name} {u}" for name, u in server_urls.items() if name != "origin")
@@ -570,15 +778,23 @@ def _run(cfg: RunConfig, console: Console, fresh: bool, supervisor: list[Supervi
     try:
         sup.start(orchestrator_role(cfg, port))
         wait_for_orchestrator(sup, url)
-        workers = [load_identity(path) for name, path in keys.items() if name.startswith("worker")]
+        # The honest workers and the cheaters alike: a cheater stakes like anyone else.
+        workers = [
+            load_identity(path)
+            for name, path in keys.items()
+            if name.startswith(("worker-", "adversary-"))
+        ]
         fund_workers(url, owner_key(folder.key("owner")), workers, cfg.pool.stake)
-        for role in pool_roles(cfg, start_model, url, keys, relay_ports, origin_server.url):
+        for role in pool_roles(
+            cfg, start_model, url, keys, relay_ports, origin_server.url, adversaries
+        ):
             sup.start(role)
         earlier = read_metrics(folder.metrics)
         shown = earlier[-1].step if earlier else -1
         with StepDisplay(console, cfg.trainer.steps, started, shown) as display:
-            sup.notify = display.say
-            _supervise(cfg, sup, display, url)
+            sup.notify = watch.say = display.say
+            _supervise(cfg, sup, display, url, watch)
+        watch.poll(force=True)
         served = {name: _server_bytes(u) for name, u in server_urls.items()}
     finally:
         sup.stop()
@@ -630,6 +846,9 @@ def _run(cfg: RunConfig, console: Console, fresh: bool, supervisor: list[Supervi
         else None,
         "restarts": restarts,
         "restarts_total": sum(restarts.values()),
+        "slashings": len(watch.seen),
+        "accounts": worker_accounts(watch.status, names),
+        "cheaters": cheaters_summary(adversaries, keys, watch, sup.ejected),
         "wall_seconds": round(time.time() - started, 1),
     }
     folder.summary.write_text(json.dumps(summary, indent=2))
@@ -637,7 +856,12 @@ def _run(cfg: RunConfig, console: Console, fresh: bool, supervisor: list[Supervi
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in summary.items():
+        if key in ("accounts", "cheaters"):
+            continue  # tables of their own
         table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
     console.print(table)
+    console.print(accounts_table(summary["accounts"]))
+    if adversaries:
+        console.print(cheaters_table(summary["cheaters"]))
     console.print(f"summary written to {folder.summary}")
     return summary

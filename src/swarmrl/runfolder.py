@@ -147,6 +147,10 @@ class RunFolder:
     def worker_dir(self, index: int) -> Path:
         return self.workers / f"worker-{index}"
 
+    def adversary_dir(self, kind: str) -> Path:
+        """The folder of the cheating worker of this kind (`swarmrl run --adversary`)."""
+        return self.workers / f"adversary-{kind}"
+
     @property
     def shardcast(self) -> Path:
         return self.root / "shardcast"

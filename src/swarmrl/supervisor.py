@@ -8,6 +8,8 @@ die, give up on one that keeps dying, and stop them all without leaving anything
 - A process that exits is reaped only after its group has been sent SIGKILL: the dead
   leader's pid still names the group then, so leftovers of a killed process (its proof
   process, say) cannot outlive it and the pid cannot have been reused.
+- A worker the pool ejected (a rejected file slashed it) exits with `EXIT_EJECTED`: its
+  job is over, and it is neither restarted nor counted as a failure.
 - A role that exits non-zero (or a server role that exits at all) is restarted after a
   delay that doubles with each further failure within `window_seconds`, up to
   `backoff_max_seconds`. A role that has already been restarted `max_restarts` times
@@ -31,6 +33,10 @@ from pathlib import Path
 
 from swarmrl.backoff import backoff_delay
 from swarmrl.config import SupervisionConfig
+
+# The exit code of a member the pool ejected: restarting it cannot help (the pool refuses
+# everything it sends), and its exit is no failure of the run.
+EXIT_EJECTED = 3
 
 
 class SwarmError(RuntimeError):
@@ -98,6 +104,7 @@ class Supervisor:
         self.notify = notify
         self.clock = clock
         self.roles: dict[str, _Running] = {}
+        self.ejected: set[str] = set()  # roles that exited with EXIT_EJECTED
         self.stopping = False
         # A signal handler that would raise while a process is being started and
         # recorded (leaving a process nobody stops) defers the signal here instead.
@@ -141,6 +148,11 @@ class Supervisor:
                 code = proc.wait()
                 if code == 0 and running.role.finishes:
                     running.done = True
+                    continue
+                if code == EXIT_EJECTED and running.role.finishes:
+                    running.done = True
+                    self.ejected.add(name)
+                    self.notify(f"{name} was ejected by the pool; it is not restarted")
                     continue
                 running.proc = None
                 self._failed(running, code, now)

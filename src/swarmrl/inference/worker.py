@@ -24,7 +24,11 @@ policy cache (`policies/`), its outbox (`outbox/`) and its per-file stats
    A refusal (4xx) is logged and the file dropped: the orchestrator judged it, sending it
    again cannot help. Connection trouble and 5xx answers are retried with a doubling
    delay until the assignment's deadline.
-6. Stop when the heartbeat says the run is finished.
+6. Stop when the heartbeat says the run is finished, or when the pool ejected the
+   worker (a rejected file slashed its stake: the orchestrator answers 403 `ejected: ...`).
+
+A cheating worker (`--adversary KIND`, `adversary.py`) runs this same loop with one
+step changed by its `Behaviour`.
 """
 
 from __future__ import annotations
@@ -44,15 +48,17 @@ from swarmrl.backoff import backoff_delay
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import RunConfig
 from swarmrl.identity import Identity
+from swarmrl.inference.adversary import Behaviour
 from swarmrl.inference.finisher import FileFinisher
 from swarmrl.inference.rollout import RolloutBatch, generate_rollouts
 from swarmrl.inference.sampler import SamplingParams
 from swarmrl.protocol import PoolClient, PoolRefused
 from swarmrl.protocol import models as api
-from swarmrl.protocol.membership import Membership, retryable
+from swarmrl.protocol.membership import Membership, ejected, retryable
 from swarmrl.rollouts import RolloutMeta
 from swarmrl.shardcast.client import FetchError, VersionUnavailableError, fetch
 from swarmrl.shardcast.discovery import resolve_version
+from swarmrl.tasks.base import Task
 from swarmrl.tasks.registry import build_task
 
 log = logging.getLogger("swarmrl.worker")
@@ -203,10 +209,63 @@ def deliver_leftovers(home: WorkerHome, uploader: Uploader) -> None:
         part.unlink(missing_ok=True)  # a write cut short
 
 
+def generate_assignment(
+    cfg: RunConfig,
+    model,
+    tok,
+    task: Task,
+    work: api.AssignmentInfo,
+    policy_step: int,
+    address: str,
+    behaviour: Behaviour,
+) -> tuple[RolloutBatch, RolloutMeta]:
+    """The rollouts of an issued assignment (proofs not built yet) and the file's metadata."""
+    batch = behaviour.generate(
+        generate_rollouts,
+        model=model,
+        tokenizer=tok,
+        task=task,
+        assignment=assign_from_seed(
+            work.seed,
+            num_problems=task.num_train(),
+            prompts=work.prompts,
+            group_size=work.group_size,
+            target_lengths=cfg.task.target_lengths,
+        ),
+        params=behaviour.sampling(
+            SamplingParams(
+                temperature=cfg.sampling.temperature,
+                max_new_tokens=cfg.sampling.max_new_tokens,
+                eos_token_id=tok.eos_token_id,
+                top_p=cfg.sampling.top_p,
+            )
+        ),
+        policy_step=policy_step,
+        length_alpha=cfg.task.length_alpha,
+        proofs=False,
+    )
+    meta = RolloutMeta(
+        run_id=cfg.run_name,
+        worker_address=address,
+        step=work.step,
+        submission=work.id,
+        num_samples=len(batch.columns["problem_id"]),
+        num_nonzero=batch.num_nonzero,
+    )
+    return batch, meta
+
+
 def run_worker(
-    cfg: RunConfig, orchestrator: str, identity: Identity, workdir: Path
+    cfg: RunConfig,
+    orchestrator: str,
+    identity: Identity,
+    workdir: Path,
+    behaviour: Behaviour | None = None,
 ) -> WorkerCounts:
-    """Serve the pool until the run is finished; returns what this worker did."""
+    """Serve the pool until the run is finished; returns what this worker did. Raises
+    `PoolRefused` when the pool refuses it for good (`ejected(exc)`: it was ejected).
+    `behaviour`: an adversary's cheat (`adversary.py`); honest by default."""
+    behaviour = behaviour or Behaviour()
     torch.set_num_threads(cfg.worker.threads)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     home = WorkerHome(Path(workdir))
@@ -254,6 +313,7 @@ def run_worker(
                 )
                 + "\n"
             )
+        behaviour.tamper(path, meta)
         uploader.deliver(path, meta.submission, deadlines.pop(meta.submission))
 
     # Trouble fetching or loading the newest policy is retried with a doubling delay, not
@@ -284,7 +344,9 @@ def run_worker(
             # staleness costs learning (see the async bound in docs/architecture.md).
             try:
                 view = member.beat()
-            except Exception as exc:  # noqa: BLE001 - the heartbeat thread keeps retrying
+            except Exception as exc:  # the heartbeat thread keeps retrying
+                if ejected(exc):
+                    raise
                 log.warning("heartbeat failed (%s); going by the last answer", exc)
                 view = member.view() or view
             if view.finished:
@@ -297,6 +359,7 @@ def run_worker(
             ):
                 try:
                     model, tok = source.load(view.checkpoint_servers(with_origin=False), announced)
+                    model = behaviour.policy(model)
                     policy_step = announced.step
                     failures = 0
                     unlisted_since = None
@@ -328,34 +391,8 @@ def run_worker(
                 log.debug("no assignment: %s", answer.reason)
                 time.sleep(answer.retry_seconds or cfg.worker.poll_seconds)
                 continue
-            batch = generate_rollouts(
-                model,
-                tok,
-                task,
-                assign_from_seed(
-                    work.seed,
-                    num_problems=task.num_train(),
-                    prompts=work.prompts,
-                    group_size=work.group_size,
-                    target_lengths=cfg.task.target_lengths,
-                ),
-                SamplingParams(
-                    temperature=cfg.sampling.temperature,
-                    max_new_tokens=cfg.sampling.max_new_tokens,
-                    eos_token_id=tok.eos_token_id,
-                    top_p=cfg.sampling.top_p,
-                ),
-                policy_step,
-                cfg.task.length_alpha,
-                proofs=False,
-            )
-            meta = RolloutMeta(
-                run_id=cfg.run_name,
-                worker_address=identity.address,
-                step=work.step,
-                submission=work.id,
-                num_samples=len(batch.columns["problem_id"]),
-                num_nonzero=batch.num_nonzero,
+            batch, meta = generate_assignment(
+                cfg, model, tok, task, work, policy_step, identity.address, behaviour
             )
             deadlines[work.id] = work.deadline
             finisher.submit(home.outbox_file(work.id), batch, meta)

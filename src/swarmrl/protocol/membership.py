@@ -34,6 +34,12 @@ def retryable(exc: Exception) -> bool:
     return isinstance(exc, RETRYABLE) or (isinstance(exc, PoolRefused) and exc.status >= 500)
 
 
+def ejected(exc: Exception) -> bool:
+    """Whether the pool ejected this member (a rejected file slashed it): every further
+    request is refused, so the member should stop rather than retry or restart."""
+    return isinstance(exc, PoolRefused) and exc.status == 403 and exc.detail.startswith("ejected")
+
+
 class Membership:
     """Registration and the heartbeat thread of one member; `view()` is the newest answer.
 
@@ -128,6 +134,11 @@ class Membership:
                 self.beat()
                 delay = self._interval()
             except Exception as exc:  # noqa: BLE001 - a heartbeat thread must not die
+                if ejected(exc):
+                    # Every further beat is refused: the member's own loop stops on its
+                    # next request, so the thread says it once and ends.
+                    log.error("heartbeat refused, stopping the heartbeats: %s", exc)
+                    return
                 delay = self._trouble("heartbeat failed", exc)
 
     def _interval(self) -> float:

@@ -239,10 +239,9 @@ def check_termination(
     max_new_tokens: int,
     min_eos_prob: float,
     replay_exempts_eos: bool,
-    replay_floor: float,
 ) -> CheckResult:
     """A sample ends with EOS or at the length limit; an EOS is probable (> min_eos_prob), or
-    replay-confirmed and not below the replay floor."""
+    replay-confirmed: the draw the sample's seed forces."""
     failures = []
     low_eos = 0
     for i, out in enumerate(rows.output_tokens):
@@ -261,20 +260,18 @@ def check_termination(
             )
         elif out[-1] == eos_id and not stats[i].eos_probs[-1] > min_eos_prob:
             low_eos += 1
-            # Below the floor no replay excuses the EOS: a worker that forged it could
-            # otherwise hide it inside the replay's numerical slack.
-            confirmed = (
-                replay_exempts_eos
-                and replays[i].misses == 0
-                and stats[i].eos_probs[-1] >= replay_floor
-            )
+            # The replay gives a token below its floor no slack, so a confirmed EOS of any
+            # probability is the exact draw of the seed: not the worker's choice. (Honest
+            # workers do draw EOS tokens of probability < 1e-4: refusing them slashed an
+            # honest worker in a default run.)
+            confirmed = replay_exempts_eos and replays[i].misses == 0
             if not confirmed:
                 failures.append(
                     CheckFailure(
                         "termination",
                         i,
                         f"ends on an EOS of probability {stats[i].eos_probs[-1]:.3g} "
-                        f"(needs > {min_eos_prob}, or >= {replay_floor} and drawn by the seed replay)",
+                        f"(needs > {min_eos_prob}, or drawn by the seed replay)",
                     )
                 )
     return _result("termination", failures, low_probability_eos=low_eos)

@@ -49,8 +49,8 @@ class ValidatorSettings(BaseModel):
         default=1e-4,
         ge=0,
         le=1,
-        description="a token less likely than this under the claimed policy gets no replay slack, "
-        "and an EOS less likely than this is never excused by the replay",
+        description="a token less likely than this under the claimed policy gets no replay slack: "
+        "it must be the exact draw of its seed",
     )
     max_replay_misses: int = Field(
         default=0, ge=0, description="tokens per sample allowed outside their replayed CDF interval"

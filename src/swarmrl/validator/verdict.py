@@ -295,7 +295,6 @@ def _validate(
             max_new_tokens=cfg.sampling.max_new_tokens,
             min_eos_prob=settings.min_eos_prob,
             replay_exempts_eos=settings.replay_exempts_eos,
-            replay_floor=settings.replay_floor,
         )
     )
     results.append(checks.check_toploc([s.hidden for s in stats], proofs, settings.toploc))
