@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,10 +34,10 @@ from hypothesis import strategies as st
 from swarmrl.assignment import assign, assign_from_seed
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import RunConfig, load_config
-from swarmrl.inference.rollout import generate_rollouts
-from swarmrl.inference.sampler import SamplingParams
+from swarmrl.inference.rollout import completion_text, generate_rollouts, proof_column
+from swarmrl.inference.sampler import SamplingParams, draw
 from swarmrl.model.build import WarmStartRecipe, ensure_default_model
-from swarmrl.rewards import has_signal
+from swarmrl.rewards import group_advantages, has_signal, score_sample
 from swarmrl.rollouts import (
     COLUMNS,
     SCHEMA,
@@ -44,6 +45,7 @@ from swarmrl.rollouts import (
     RolloutMeta,
     Rollouts,
     SeenFiles,
+    file_hash,
     read_meta,
     write_rollouts,
 )
@@ -53,7 +55,7 @@ from swarmrl.trainer.batches import BatchCollector
 from swarmrl.trainer.rescoring import Rescorer
 from swarmrl.validator import Status, ValidatorSettings, checks, judge_file, validate_file
 from swarmrl.validator import cli as validator_cli
-from swarmrl.validator.prefill import TokenStats
+from swarmrl.validator.prefill import TokenStats, recompute
 from swarmrl.validator.sampling import ReplayResult, replay, sample_uniforms
 from swarmrl.validator.service import read_verdicts
 from swarmrl.validator.verdict import file_seed
@@ -544,6 +546,213 @@ def test_no_replay_slack_for_an_improbable_token():
         rows, [stats], confirmed, replay_floor=settings_.replay_floor, **common
     )
     assert not result.passed and "probability 1e-09" in result.failures[0].detail
+
+
+# --- replay slack: an improbable token forged inside the replay's numerical slack ----------
+#
+# The sampler draws token t by inverse CDF over the vocabulary (in id order) with the
+# uniform u_t of the sample's seed. An attacker with the model knows every u_t and every
+# token's CDF interval, so it can look for a token whose interval ends just short of u_t
+# and write that token instead: a token the policy almost never draws (a digit that
+# changes the answer), or an EOS that cuts the completion early. Everything else in the
+# file is then made consistent: the completion after the swap sampled honestly from the
+# seed, logprobs and TOPLOC proofs recomputed from the claimed model, rewards and
+# advantages rescored. Only the replay can tell.
+
+OLD_REPLAY = ValidatorSettings(replay_tolerance=1e-3, replay_floor=0.0)  # the slack once allowed
+
+
+@dataclasses.dataclass(frozen=True)
+class Swap:
+    """Write ``token`` at ``position`` of ``sample``: its CDF interval is ``distance`` away
+    from the seed's uniform, and the policy gives it probability ``prob``."""
+
+    sample: int
+    position: int
+    token: int
+    prob: float
+    distance: float
+
+
+def sampler_distributions(run: Run, prompt: list[int], completion: list[int]):
+    """Per completion token: every token's probability and CDF interval in the sampler's order
+    (``inference.sampler.draw`` without top-p), as the attacker computes them."""
+    assert run.params.top_p == 1.0, "the forgery below assumes no nucleus truncation"
+    with torch.inference_mode():
+        logits = run.model(torch.tensor([prompt + completion[:-1]])).logits[0, len(prompt) - 1 :]
+    probs = torch.log_softmax(logits.float() / run.params.temperature, dim=-1).exp().double()
+    cdf = probs.cumsum(-1)
+    total = cdf[:, -1:]
+    return (probs / total).numpy(), ((cdf - probs) / total).numpy(), (cdf / total).numpy()
+
+
+def find_swap(run: Run, cols: dict, kind: str) -> Swap | None:
+    """The first place in the file where ``kind`` can be forged, or None.
+
+    - "improbable token": a token below the replay floor whose interval lies within the
+      current tolerance of the uniform (so only the floor catches it);
+    - "early EOS": an EOS above the floor but below the 0.1 EOS rule, before the
+      completion's end, whose interval lies between the current and the old tolerance
+      (so only the tightened tolerance catches it).
+    Both keep a margin of 1e-5 to the limits, far above the honest drift (~1e-6).
+    """
+    eos, floor = run.params.eos_token_id, ValidatorSettings().replay_floor
+    for i, (prompt, out, seed) in enumerate(
+        zip(cols["input_tokens"], cols["output_tokens"], cols["seed"], strict=True)
+    ):
+        prob, low, high = sampler_distributions(run, prompt, out)
+        u = sample_uniforms(seed, len(out))
+        for t in range(len(out)):
+            distance = np.maximum(low[t] - u[t], u[t] - high[t])
+            if kind == "improbable token":
+                ok = (prob[t] < floor) & (distance > 1e-5) & (distance < floor - 1e-5)
+                ok[[out[t], eos]] = False
+                if ok.any():
+                    y = int(np.flatnonzero(ok)[np.argmin(prob[t][ok])])
+                    return Swap(i, t, y, float(prob[t, y]), float(distance[y]))
+            elif (
+                t < len(out) - 1
+                and out[t] != eos
+                and floor <= prob[t, eos] < ValidatorSettings().min_eos_prob
+                and 1.1e-4 < distance[eos] < 9.9e-4
+            ):
+                return Swap(i, t, eos, float(prob[t, eos]), float(distance[eos]))
+    return None
+
+
+def forge(run: Run, cols: dict, assignment, swap: Swap) -> dict:
+    """The file with ``swap`` applied and everything else made consistent (see above)."""
+    cols = copy_cols(cols)
+    i, eos, params = swap.sample, run.params.eos_token_id, run.params
+    prompt, seed = cols["input_tokens"][i], cols["seed"][i]
+    out = [*cols["output_tokens"][i][: swap.position], swap.token]
+    u = sample_uniforms(seed, params.max_new_tokens)
+    with torch.inference_mode():
+        while out[-1] != eos and len(out) < params.max_new_tokens:
+            logits = run.model(torch.tensor([prompt + out])).logits[:, -1]
+            token, _ = draw(logits, u[len(out) : len(out) + 1], params.temperature, params.top_p)
+            out.append(int(token[0]))
+    stats = recompute(
+        run.model,
+        [prompt],
+        [out],
+        temperature=params.temperature,
+        top_p=params.top_p,
+        eos_id=eos,
+    )[0]
+    cols["output_tokens"][i] = out
+    cols["output_logprobs"][i] = stats.logprobs.astype(np.float32).tolist()
+    cols["proofs"][i] = proof_column([stats.hidden])[0]
+    # Rescored as an honest worker scores: the sample's reward, then its group's advantages.
+    problems = {p.problem_id: p for p in map(run.task.train_problem, assignment.problem_indices)}
+    reward = score_sample(
+        run.task.score(problems[cols["problem_id"][i]], completion_text(run.tok, out, eos)),
+        cols["target_lengths"][i],
+        len(out),
+        run.cfg.task.length_alpha,
+    )
+    cols["task_rewards"][i] = reward.task_reward
+    cols["length_penalties"][i] = reward.length_penalty
+    cols["rewards"][i] = reward.total
+    g = run.cfg.sampling.group_size
+    head = i - i % g
+    cols["advantages"][head : head + g] = group_advantages(
+        cols["rewards"][head : head + g]
+    ).tolist()
+    return cols
+
+
+# kind -> the setting whose fix catches it (with the old value, the forgery passes)
+REPLAY_FORGERIES = {"improbable token": "replay_floor", "early EOS": "replay_tolerance"}
+
+
+def assert_replay_rejection(line: str, kind: str, swap: Swap) -> None:
+    """One line: rejected, for the forged sample, the replay miss among the failing checks;
+    an early EOS also fails the EOS rule (termination comes first in the check order)."""
+    assert "\n" not in line.rstrip("\n"), line
+    first = "termination" if kind == "early EOS" else "(termination|sampling)"
+    assert re.search(rf"rejected: {first}: sample {swap.sample}: ", line), line
+    assert "sampling" in line, line
+
+
+@pytest.fixture(scope="module")
+def replay_forgeries(run) -> dict[str, tuple[int, Swap, dict]]:
+    """Each kind forged into an honest file of its own assignment (submission counter)."""
+    found: dict[str, tuple[int, Swap, dict]] = {}
+    for counter in range(12):
+        if counter not in run.honest:
+            run.honest[counter] = honest_columns(run, counter)
+        for kind in REPLAY_FORGERIES:
+            if kind not in found and (swap := find_swap(run, run.honest[counter], kind)):
+                found[kind] = (
+                    counter,
+                    swap,
+                    forge(run, run.honest[counter], plan(run, counter), swap),
+                )
+                break  # one forgery per assignment
+        if len(found) == len(REPLAY_FORGERIES):
+            return found
+    pytest.fail(f"no place to forge {set(REPLAY_FORGERIES) - set(found)} in 12 honest files")
+
+
+def test_replay_slack_is_rejected_with_one_line_everywhere(run, replay_forgeries, tmp_path):
+    """An improbable token swapped in inside the replay's numerical slack (issue: a worker
+    could do so about once per file). Both forgeries passed the old slack (1e-3, no floor);
+    the improbable token is caught only by the floor, the early EOS by the tighter
+    tolerance.
+
+    - `swarmrl validate` (the real command): exit 1, one line naming the check and sample.
+    - The validator process's judging: rejected, the same checks.
+    - The trainer's collector cannot tell: it does not replay (no seed uniforms, no
+      per-token distributions), and the forged file is schema-valid, within bounds and
+      correctly scored, so it reads it as usable. What keeps such a file out of training
+      is the pool: a file chosen for validation is trained only once accepted, and a
+      rejected one is withdrawn (test_validator_process_judges_what_the_orchestrator_hands_out).
+    """
+    cfg = make_run_dir(run, tmp_path)
+    claimed = cfg.folder.checkpoints / step_name(0)
+    paths = {}
+    for kind, (counter, swap, cols) in replay_forgeries.items():
+        path = write(cfg, f"{kind.replace(' ', '-')}.parquet", cols, meta_for(run, cols, counter))
+        paths[kind] = path
+        # The forgery is real: the old slack accepted it.
+        assert validate_file(path, model_dir=claimed, settings=OLD_REPLAY).status == (
+            Status.ACCEPTED
+        ), swap
+        fix = REPLAY_FORGERIES[kind]
+        # Each of the two fixes is needed: without it this forgery passes.
+        without_fix = ValidatorSettings().model_copy(update={fix: getattr(OLD_REPLAY, fix)})
+        assert validate_file(path, model_dir=claimed, settings=without_fix).status == (
+            Status.ACCEPTED
+        ), swap
+        verdict = service_verdict(run, cfg, path)
+        assert verdict.status == Status.REJECTED, verdict.reason
+        assert_replay_rejection(verdict.reason, kind, swap)
+        miss = next(f for f in verdict.failures if f.check == "sampling")
+        assert miss.sample == swap.sample
+        assert miss.detail.startswith(
+            f"1 tokens not drawn by the seed's inverse-CDF replay (first at token {swap.position},"
+        ), miss.detail
+    # The real command, both files at once (each start of Python costs seconds).
+    commands = {
+        kind: subprocess.Popen(
+            [sys.executable, "-m", "swarmrl", "validate", str(path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for kind, path in paths.items()
+    }
+    for kind, proc in commands.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 1 and "Traceback" not in err, out + err
+        assert out.count("\n") == 1 and out.startswith(f"{paths[kind]}: "), out
+        assert_replay_rejection(out, kind, replay_forgeries[kind][1])
+    # The trainer's collector reads both as usable: it cannot replay (see the docstring).
+    collector = collect(run, cfg)
+    assert collector.rejected == []
+    assert set(collector.counted.by_hash) == {file_hash(p) for p in paths.values()}
+    assert len(collector.all_rewards) == 2 * len(run.honest[0]["rewards"])
 
 
 # --- property test: random mutations of honest files -----------------------------------------
