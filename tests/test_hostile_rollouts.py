@@ -695,13 +695,13 @@ def replay_forgeries(run) -> dict[str, tuple[int, Swap, dict]]:
     pytest.fail(f"no place to forge {set(REPLAY_FORGERIES) - set(found)} in 12 honest files")
 
 
-def test_replay_slack_is_rejected_with_one_line_everywhere(run, replay_forgeries, tmp_path):
+def test_replay_slack_is_rejected_with_one_line_everywhere(run, replay_forgeries, tmp_path, capsys):
     """An improbable token swapped in inside the replay's numerical slack (issue: a worker
     could do so about once per file). Both forgeries passed the old slack (1e-3, no floor);
     the improbable token is caught only by the floor, the early EOS by the tighter
     tolerance.
 
-    - `swarmrl validate` (the real command): exit 1, one line naming the check and sample.
+    - `swarmrl validate`: exit 1, one line naming the check and the sample.
     - The validator process's judging: rejected, the same checks.
     - The trainer's collector cannot tell: it does not replay (no seed uniforms, no
       per-token distributions), and the forged file is schema-valid, within bounds and
@@ -733,21 +733,23 @@ def test_replay_slack_is_rejected_with_one_line_everywhere(run, replay_forgeries
         assert miss.detail.startswith(
             f"1 tokens not drawn by the seed's inverse-CDF replay (first at token {swap.position},"
         ), miss.detail
-    # The real command, both files at once (each start of Python costs seconds).
-    commands = {
-        kind: subprocess.Popen(
-            [sys.executable, "-m", "swarmrl", "validate", str(path)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for kind, path in paths.items()
-    }
-    for kind, proc in commands.items():
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 1 and "Traceback" not in err, out + err
-        assert out.count("\n") == 1 and out.startswith(f"{paths[kind]}: "), out
-        assert_replay_rejection(out, kind, replay_forgeries[kind][1])
+    # `swarmrl validate`: the command's own parsing and output for each file, and the real
+    # command in a fresh process for one (a Python start costs seconds on a busy machine).
+    lines = {}
+    for kind, path in paths.items():
+        code, lines[kind], err = run_cli(["validate", str(path)], capsys)
+        assert code == 1 and err == "", err
+        assert lines[kind].count("\n") == 1 and lines[kind].startswith(f"{path}: "), lines[kind]
+        assert_replay_rejection(lines[kind], kind, replay_forgeries[kind][1])
+    done = subprocess.run(
+        [sys.executable, "-m", "swarmrl", "validate", str(paths["early EOS"])],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    assert done.stdout == lines["early EOS"], done.stdout
     # The trainer's collector reads both as usable: it cannot replay (see the docstring).
     collector = collect(run, cfg)
     assert collector.rejected == []
