@@ -377,15 +377,23 @@ def test_duplicates_count_once(run, tmp_path, capsys):
 
 def test_validator_process_judges_what_the_orchestrator_hands_out(run, tmp_path):
     """The real `swarmrl validator` process against a real orchestrator and a SHARDCAST
-    origin: hostile bytes never get past the upload; of the uploaded files the honest one
-    is accepted and the forged one rejected, both verdicts recorded in the ledger; a
-    restarted validator finds nothing left to judge."""
+    origin: hostile bytes never get past the upload. Of the uploaded files, two replay-slack
+    forgeries (an improbable token, an early EOS; see test_replay_slack_is_rejected_with_
+    one_line_everywhere) and a file with reversed tokens are rejected, and the honest file
+    uploaded after the forgeries is accepted; every verdict is recorded in the ledger, and
+    a restarted validator finds nothing left to judge.
+
+    The trainer's collector cannot replay, so it cannot tell a replay forgery from an
+    honest file: what it relies on is the pool. Once the verdicts are in, the forged files
+    are withdrawn: the collector drops what it read of them, its batch holds only the
+    honest file, and the ledger refuses to mark a rejected file trained."""
     from swarmrl.identity import Identity, generate_key_file
     from swarmrl.ledger import Ledger, Verdict, check_ledger
     from swarmrl.orchestrator import OrchestratorConfig, OrchestratorThread
     from swarmrl.protocol import PoolClient, PoolRefused
     from swarmrl.shardcast.origin import Origin
     from swarmrl.shardcast.server import start_server
+    from swarmrl.trainer.pool_source import PoolRolloutSource
 
     cfg = make_run_dir(run, tmp_path)
     validator_key = generate_key_file(tmp_path / "validator.key")
@@ -402,7 +410,7 @@ def test_validator_process_judges_what_the_orchestrator_hands_out(run, tmp_path)
         prompts_per_assignment=cfg.worker.prompts_per_file,
         group_size=cfg.sampling.group_size,
         validation_fraction=1.0,
-        max_open_per_worker=3,
+        max_open_per_worker=16,
         heartbeat_seconds=120.0,
     )
     origin = Origin(tmp_path / "origin", keep=2)
@@ -416,35 +424,62 @@ def test_validator_process_judges_what_the_orchestrator_hands_out(run, tmp_path)
         trainer.announce_checkpoint(0, blake3)
         worker = PoolClient(orchestrator.url, Identity.generate())
         worker.register("worker")
-        honest_a, forged_a, hostile_a = (worker.assignment(0).assignment for _ in range(3))
 
         def upload(a, cols) -> str:
             meta = meta_for(run, cols, a.id).model_copy(update={"worker_address": worker.address})
             path = write_rollouts(tmp_path / "outbox" / f"{a.id}.parquet", cols, meta)
             return worker.upload(a.id, path).file_hash
 
-        def columns(a) -> dict:
-            plan = assign_from_seed(
+        def plan_of(a):
+            return assign_from_seed(
                 a.seed,
                 num_problems=run.task.num_train(),
                 prompts=run.cfg.worker.prompts_per_file,
                 group_size=run.cfg.sampling.group_size,
                 target_lengths=run.cfg.task.target_lengths,
             )
+
+        def columns(a) -> dict:
             return generate_rollouts(
-                run.model, run.tok, run.task, plan, run.params, 0, run.cfg.task.length_alpha
+                run.model, run.tok, run.task, plan_of(a), run.params, 0, run.cfg.task.length_alpha
             ).columns
 
-        honest = upload(honest_a, columns(honest_a))
-        forged_cols = copy_cols(columns(forged_a))
-        forged_cols["output_tokens"][3] = list(reversed(forged_cols["output_tokens"][3]))
-        forged = upload(forged_a, forged_cols)
+        # The replay forgeries first, each in the first of the worker's files that allows it.
+        forged: dict[str, str] = {}
+        spare = []
+        for _ in range(12):
+            a = worker.assignment(0).assignment
+            cols = columns(a)
+            kind = next((k for k in REPLAY_FORGERIES if k not in forged), None)
+            swap = find_swap(run, cols, kind) if kind else None
+            if swap is None:
+                spare.append((a, cols))
+            else:
+                forged[kind] = upload(a, forge(run, cols, plan_of(a), swap))
+            if len(forged) == len(REPLAY_FORGERIES) and len(spare) >= 2:
+                break
+        assert len(forged) == len(REPLAY_FORGERIES) and len(spare) >= 2, "no place to forge"
+        (honest_a, honest_cols), (reversed_a, reversed_cols) = spare[:2]
+        honest = upload(honest_a, honest_cols)
+        reversed_cols = copy_cols(reversed_cols)
+        row = next(i for i, out in enumerate(reversed_cols["output_tokens"]) if out != out[::-1])
+        reversed_cols["output_tokens"][row] = reversed_cols["output_tokens"][row][::-1]
+        forged["reversed tokens"] = upload(reversed_a, reversed_cols)
         # Hostile bytes are refused at the door: the validator never sees them.
+        hostile_a = worker.assignment(0).assignment
         bomb = bomb_file(cfg)
         with pytest.raises(PoolRefused) as refused:
             worker.upload(hostile_a.id, bomb)
         assert refused.value.status == 422
         trainer.announce_checkpoint(0, blake3, final=True)
+        # The trainer's collector reads the step before any verdict.
+        source = PoolRolloutSource(
+            trainer, tmp_path / "trainer-inbox", run.task, cfg, run.tok, run.bounds
+        )
+        collector = source.open_step(0)
+        collector.poll()
+        read_early = set(collector.processed)
+        assert collector.rejected == []
 
         def validator() -> subprocess.CompletedProcess:
             return subprocess.run(
@@ -469,9 +504,16 @@ def test_validator_process_judges_what_the_orchestrator_hands_out(run, tmp_path)
         done = validator()
         assert done.returncode == 0, done.stderr[-3000:]
         assert "Traceback" not in done.stderr
-        lines = {v["file_hash"]: v for v in read_verdicts(cfg.run_dir)}
+        records = read_verdicts(cfg.run_dir)
+        lines = {v["file_hash"]: v for v in records}
         assert lines[honest]["status"] == "accepted", lines[honest]
-        assert lines[forged]["status"] == "rejected", lines[forged]
+        for kind, file_hash_ in forged.items():
+            assert lines[file_hash_]["status"] == "rejected", (kind, lines[file_hash_])
+        for kind in REPLAY_FORGERIES:
+            assert "sampling" in lines[forged[kind]]["failed_checks"], lines[forged[kind]]
+        # Judged in upload order: the honest file after the forgeries.
+        order = [v["file_hash"] for v in records]
+        assert order.index(honest) > max(order.index(forged[k]) for k in REPLAY_FORGERIES)
         ledger = Ledger(orch.ledger)
         try:
             with ledger.session() as s:
@@ -479,13 +521,28 @@ def test_validator_process_judges_what_the_orchestrator_hands_out(run, tmp_path)
                 assert check_ledger(s) == []
         finally:
             ledger.close()
-        assert recorded[honest].accepted and not recorded[forged].accepted
-        assert recorded[forged].reason.startswith("rejected: ")
-        assert recorded[honest].validator == validator_key.address
+        assert recorded[honest].accepted and recorded[honest].validator == validator_key.address
+        for file_hash_ in forged.values():
+            assert not recorded[file_hash_].accepted
+            assert recorded[file_hash_].reason.startswith("rejected: ")
+
+        # The trainer: whatever it read before the verdicts, only the honest file is trained.
+        collector.poll()
+        collector.drop_withdrawn()
+        batch = collector.take(cfg.trainer.batch_samples)
+        assert set(collector.files_of(batch)) <= {honest}
+        assert set(collector.processed) - read_early <= {honest}
+        fresh = source.open_step(0)
+        fresh.poll()
+        assert set(fresh.processed) == {honest}
+        for file_hash_ in forged.values():
+            with pytest.raises(PoolRefused) as refused:
+                trainer.mark_trained(0, [file_hash_])
+            assert refused.value.status == 409 and "must not be trained" in refused.value.detail
         # Restarted: nothing pending, nothing judged twice.
         again = validator()
         assert again.returncode == 0, again.stderr[-3000:]
-        assert len(read_verdicts(cfg.run_dir)) == 2
+        assert len(read_verdicts(cfg.run_dir)) == len(forged) + 1
     finally:
         orchestrator.stop()
         server.stop()
