@@ -49,7 +49,9 @@ def ledger_url_for(backend: str, tmp_path: Path) -> str:
     return f"{base}{sep}options=-csearch_path%3D{schema}"
 
 
-def rollout_columns(n: int, *, advantage: float = 0.5, tokens: int = 2) -> dict[str, list]:
+def rollout_columns(
+    n: int, *, advantage: float = 0.5, tokens: int = 2, policy_step: int = 0
+) -> dict[str, list]:
     return {
         "problem_id": [f"p{i // 2}" for i in range(n)],
         "input_tokens": [[1, 2, 3]] * n,
@@ -60,14 +62,21 @@ def rollout_columns(n: int, *, advantage: float = 0.5, tokens: int = 2) -> dict[
         "length_penalties": [0.0] * n,
         "advantages": [advantage] * n,
         "target_lengths": [-1] * n,
-        "policy_step": [0] * n,
+        "policy_step": [policy_step] * n,
         "seed": list(range(n)),
         "proofs": [b"\x00" * 4] * n,
     }
 
 
-def rollout_file(path: Path, worker: str, assignment: api.AssignmentInfo, **meta) -> Path:
-    """A schema-valid rollout file whose metadata matches `assignment` unless overridden."""
+def rollout_file(
+    path: Path,
+    worker: str,
+    assignment: api.AssignmentInfo,
+    policy_step: int | None = None,
+    **meta,
+) -> Path:
+    """A schema-valid rollout file whose metadata matches `assignment` unless overridden;
+    its samples claim the policy of the assignment's step unless `policy_step` is given."""
     n = assignment.prompts * assignment.group_size
     fields = {
         "run_id": "test",
@@ -79,7 +88,9 @@ def rollout_file(path: Path, worker: str, assignment: api.AssignmentInfo, **meta
     } | meta
     rows = fields["num_samples"] if fields["num_samples"] > 0 else 1
     # model_construct: a hostile file may carry metadata the strict model would refuse.
-    return write_rollouts(path, rollout_columns(rows), RolloutMeta.model_construct(**fields))
+    claimed = assignment.step if policy_step is None else policy_step
+    columns = rollout_columns(rows, policy_step=claimed)
+    return write_rollouts(path, columns, RolloutMeta.model_construct(**fields))
 
 
 @dataclass
@@ -156,7 +167,9 @@ class PoolUnderTest:
         return worker.upload(assignment.id, path)
 
 
-def make_pool(tmp_path: Path, backend: str = "sqlite", **overrides) -> PoolUnderTest:
+def make_pool(
+    tmp_path: Path, backend: str = "sqlite", workers: int = 2, **overrides
+) -> PoolUnderTest:
     trainer, validator = Identity.generate(), Identity.generate()
     allowlist = tmp_path / "allowlist"
     allowlist.write_text(f"{trainer.address} trainer\n{validator.address} validator\n")
@@ -183,8 +196,8 @@ def make_pool(tmp_path: Path, backend: str = "sqlite", **overrides) -> PoolUnder
     pool.keys = {"trainer": trainer, "validator": validator}
     pool.trainer.register("trainer")
     pool.validator.register("validator")
-    pool.new_worker()
-    pool.new_worker()
+    for _ in range(workers):
+        pool.new_worker()
     return pool
 
 

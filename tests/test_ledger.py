@@ -10,12 +10,15 @@ from sqlalchemy import inspect, select
 
 from pool_fixtures import BACKENDS, ledger_url_for
 from swarmrl.ledger import (
+    Account,
     Assignment,
     Base,
     Contribution,
+    JournalEntry,
     Ledger,
     LedgerError,
     Member,
+    Slashing,
     Submission,
     Verdict,
     check_ledger,
@@ -122,9 +125,27 @@ def _healthy_ledger(s) -> None:
     )
     s.add(
         Contribution(
-            file_hash="f" * 64, worker=WORKER, step=0, samples=4, tokens=8, credited_at=2.0
+            file_hash="f" * 64,
+            worker=WORKER,
+            step=0,
+            samples=4,
+            tokens=8,
+            credited_at=2.0,
+            paid_at=3.0,
+            amount=4 * NANO,
         )
     )
+    # Funded 10, staked 5, paid 4 for the file: balance 9, stake 5.
+    s.add(Account(address=WORKER, balance=9 * NANO, stake=5 * NANO))
+    for kind, amount, file_hash in (
+        ("fund", 10 * NANO, None),
+        ("stake", 5 * NANO, None),
+        ("payout", 4 * NANO, "f" * 64),
+    ):
+        s.add(JournalEntry(at=1.0, kind=kind, address=WORKER, amount=amount, file_hash=file_hash))
+
+
+NANO = 10**9
 
 
 def _break(s, fault: str) -> None:
@@ -149,6 +170,31 @@ def _break(s, fault: str) -> None:
     elif fault == "has a verdict but is still pending":
         sub.state = "pending"
         s.delete(s.get(Contribution, "f" * 64))
+    elif fault == "the books do not add up":
+        s.get(Account, WORKER).balance += 1
+    elif fault == "paid mark and journal disagree":
+        s.get(Contribution, "f" * 64).paid_at = None
+    elif fault == "without a rejected verdict":
+        s.add(
+            Slashing(
+                file_hash="f" * 64,
+                address=WORKER,
+                step=0,
+                at=4.0,
+                reason="",
+                amount=0,
+                voided_files=0,
+                tainted_files=0,
+            )
+        )
+        s.add(JournalEntry(at=4.0, kind="slash", address=WORKER, amount=0, file_hash="f" * 64))
+    elif fault == "was trained before its verdict":
+        s.delete(s.get(Verdict, "f" * 64))
+        sub.state = "pending"
+    elif fault == "forfeited by a member in good standing":
+        s.get(Contribution, "f" * 64).forfeited_at = 4.0
+    elif fault == "ejected without a slashing":
+        s.get(Member, WORKER).ejected_at = 4.0
 
 
 FAULTS = [
@@ -160,6 +206,12 @@ FAULTS = [
     "rejected submission",
     "does not match assignment",
     "has a verdict but is still pending",
+    "the books do not add up",
+    "paid mark and journal disagree",
+    "without a rejected verdict",
+    "was trained before its verdict",
+    "forfeited by a member in good standing",
+    "ejected without a slashing",
 ]
 
 
@@ -206,5 +258,52 @@ def test_constraints_refuse_double_counting(ledger):
         )
     with pytest.raises(IntegrityError), ledger.session() as s:
         s.get(Submission, "f" * 64).state = "lost"
+    # A second payout for one file.
+    with pytest.raises(IntegrityError), ledger.session() as s:
+        s.add(JournalEntry(at=5.0, kind="payout", address=WORKER, amount=1, file_hash="f" * 64))
     with ledger.session() as s:
         assert check_ledger(s) == []
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_migration_0003_upgrades_a_0002_ledger_in_place(tmp_path, backend):
+    from importlib import resources
+
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import create_engine, text
+
+    url = ledger_url_for(backend, tmp_path)
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    config = Config()
+    config.set_main_option("script_location", str(resources.files("swarmrl.ledger") / "migrations"))
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0002")
+        # A ledger as the previous version left it: an accepted, credited file.
+        for sql in (
+            f"INSERT INTO members VALUES ('{WORKER}', 'worker', 'healthy', NULL, 0, 0)",
+            f"INSERT INTO members VALUES ('{VALIDATOR}', 'validator', 'healthy', NULL, 0, 0)",
+            f"INSERT INTO assignments VALUES (1, '{WORKER}', 0, 7, 2, 2, 'returned', 0, 10, 1)",
+            "INSERT INTO submissions (file_hash, assignment_id, worker, step, stored_name, size, "
+            "num_samples, num_nonzero, num_tokens, state, to_validate, uploaded_at, counted) "
+            f"VALUES ('{'f' * 64}', 1, '{WORKER}', 0, 'x.parquet', 10, 4, 4, 8, 'accepted', "
+            "true, 1, false)",
+            f"INSERT INTO verdicts VALUES ('{'f' * 64}', '{VALIDATOR}', true, '', '{{}}', '', "
+            "'0x', 2)",
+            f"INSERT INTO contributions VALUES ('{'f' * 64}', '{WORKER}', 0, 4, 8, 2)",
+        ):
+            conn.execute(text(sql))
+    engine.dispose()
+    upgraded = Ledger(url)
+    try:
+        with upgraded.session() as s:
+            assert s.get(Verdict, "f" * 64).soft is False
+            c = s.get(Contribution, "f" * 64)
+            assert (c.samples, c.paid_at, c.forfeited_at) == (4, None, None)  # paid later
+            assert s.get(Member, WORKER).ejected_at is None
+            assert check_ledger(s) == []
+        with upgraded.engine.connect() as conn:
+            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0003"
+    finally:
+        upgraded.close()

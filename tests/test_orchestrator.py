@@ -252,6 +252,9 @@ def test_upload_is_recorded_and_downloadable(pool):
     path = rollout_file(pool.tmp / "ok.parquet", worker.address, a)
     info = worker.upload(a.id, path)
     assert info.state == "pending" and info.step == 0 and info.assignment_id == a.id
+    # Chosen for validation (the fraction is 1 here): listed for the trainer once accepted.
+    assert pool.trainer.submissions_for_step(0).submissions == []
+    pool.validator.post_verdict(info.file_hash, True)
     listed = pool.trainer.submissions_for_step(0).submissions
     assert [s.file_hash for s in listed] == [info.file_hash]
     got = pool.trainer.download(info.file_hash, pool.tmp / "got.parquet")
@@ -561,9 +564,9 @@ def test_dead_worker_assignments_are_reissued(tmp_path):
 
 def test_trainer_and_validator_flow(pool):
     worker, a = _assignment(pool)
-    _, b = _assignment(pool)
+    cheat, b = _assignment(pool, pool.workers[1])
     good = pool.upload_for(worker, a)
-    bad = pool.upload_for(worker, b)
+    bad = pool.upload_for(cheat, b)
     v = pool.validator
     first = v.next_for_validation()
     second = v.next_for_validation()
@@ -584,7 +587,7 @@ def test_trainer_and_validator_flow(pool):
     assert pool.trainer.mark_trained(0, [good.file_hash]) == 0  # a restarted trainer: once
     assert "already trained" in refused(lambda: pool.trainer.mark_trained(1, [good.file_hash]), 409)
     status = PoolClient(pool.url, None).status()
-    assert status.verdicts == {"accepted": 1, "rejected": 1}
+    assert status.verdicts == {"accepted": 1, "rejected": 1, "soft": 0}
     assert [(c.worker, c.files, c.samples, c.tokens) for c in status.contributions] == [
         (worker.address, 1, 4, 8)
     ]
@@ -678,6 +681,7 @@ def test_openapi_schema_lists_every_endpoint(pool):
         "/v1/checkpoints",
         "/v1/validation/next",
         "/v1/verdicts",
+        "/v1/pool/fund",
     }
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from pool_fixtures import make_pool, rollout_file, signed_raw
-from swarmrl.identity import body_digest, sign_request
+from swarmrl.identity import Identity, body_digest, sign_request
 from swarmrl.protocol import models as api
 
 FUZZ = settings(
@@ -24,7 +24,11 @@ FUZZ = settings(
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
-    p = make_pool(tmp_path_factory.mktemp("fuzz"), rate_per_second=1000, rate_burst=1000)
+    owner = Identity.generate()
+    p = make_pool(
+        tmp_path_factory.mktemp("fuzz"), rate_per_second=1000, rate_burst=1000, owner=owner.address
+    )
+    p.keys["owner"] = owner
     p.trainer.announce_checkpoint(0, "ab" * 32)
     yield p
     assert p.ledger_problems() == []
@@ -63,6 +67,14 @@ ENDPOINTS = [
     ("POST", "/v1/steps/0/progress", "trainer", {"usable": 0, "read": 0, "files": []}),
     ("POST", "/v1/verdicts", "validator", {"file_hash": "0" * 64, "accepted": True, "reason": ""}),
     ("POST", "/v1/validation/next", "validator", {}),
+    (
+        "POST",
+        "/v1/verdicts",
+        "validator",
+        {"file_hash": "0" * 64, "accepted": False, "reason": "", "soft": True},
+    ),
+    ("POST", "/v1/pool/fund", "owner", {"address": "0x" + "ab" * 20, "amount": 1.5}),
+    ("POST", "/v1/pool/fund", "worker", {"address": "0x" + "ab" * 20, "amount": 1.5}),
 ]
 MODELS = [
     api.RegisterRequest,
@@ -72,10 +84,13 @@ MODELS = [
     api.CheckpointAnnouncement,
     api.ProgressReport,
     api.VerdictRequest,
+    api.FundRequest,
 ]
 
 
 def _sender(pool, who):
+    if who == "owner":
+        return pool.client(pool.keys["owner"])
     return {"worker": pool.workers[0], "trainer": pool.trainer, "validator": pool.validator}[who]
 
 
@@ -115,6 +130,9 @@ def test_mutated_bodies_never_crash_the_server(pool, endpoint, edits):
                 "accepted",
                 "reason",
                 "seed",
+                "soft",
+                "address",
+                "amount",
             ]
         ),
         JSON_VALUES,

@@ -93,14 +93,15 @@ def test_killed_orchestrator_restarts_with_everything(tmp_path):
         r = httpx.post(url + "/v1/assignments", content=body, headers=replay)
         assert r.status_code == 401 and "nonce" in r.json()["detail"]
         # Open work can still be returned; judged and submitted work is all there.
-        w.upload(pending.id, rollout_file(tmp_path / "b.parquet", worker.address, pending))
+        second = w.upload(pending.id, rollout_file(tmp_path / "b.parquet", worker.address, pending))
+        v.post_verdict(second.file_hash, True)
         listed = {s.file_hash: s.state for s in t.submissions_for_step(0).submissions}
         assert listed[info.file_hash] == "accepted" and len(listed) == 2
         with pytest.raises(PoolRefused) as again:
             w.upload(done.id, tmp_path / "a.parquet")
         assert again.value.status == 409
         status = PoolClient(url, None).status()
-        assert [(c.worker, c.samples) for c in status.contributions] == [(worker.address, 4)]
+        assert [(c.worker, c.samples) for c in status.contributions] == [(worker.address, 8)]
         assert ledger_state(tmp_path)[1] == []
     finally:
         proc.terminate()

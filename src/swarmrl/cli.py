@@ -211,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from swarmrl.identity.cli import register as register_keygen
     from swarmrl.orchestrator.cli import register as register_orchestrator
+    from swarmrl.protocol.funding import register as register_funding
     from swarmrl.protocol.status import register as register_status
     from swarmrl.shardcast.cli import register as register_shardcast
     from swarmrl.validator.cli import register as register_validate
@@ -220,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_keygen(sub)
     register_orchestrator(sub)
     register_status(sub)
+    register_funding(sub)
     return parser
 
 

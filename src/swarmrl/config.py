@@ -247,6 +247,11 @@ class PoolConfig(_Section):
         gt=0,
         description="deadline of an assignment; a worker that misses it loses it and it is reissued (a worker killed mid-assignment holds it until then, so its step waits up to this long)",
     )
+    stake: float = Field(
+        10.0,
+        ge=0,
+        description="stake each worker locks to register; the run's owner key (<run>/keys/owner.key) funds the workers at start. 0: a closed pool, no stake and no funding",
+    )
 
 
 class SupervisionConfig(_Section):

@@ -52,6 +52,7 @@ from swarmrl.ledger import Ledger, check_ledger
 from swarmrl.ledger.models import Submission
 from swarmrl.model.build import ensure_default_model
 from swarmrl.protocol import models as api
+from swarmrl.protocol.funding import fund_workers, owner_key, staking_flags
 from swarmrl.runfolder import RunFolder
 from swarmrl.supervisor import Role, Supervisor, SwarmError, tail
 from swarmrl.tasks.registry import build_task
@@ -300,6 +301,7 @@ def orchestrator_role(cfg: RunConfig, port: int) -> Role:
     ]
     if cfg.trainer.steps > 0:
         args += ["--steps", str(cfg.trainer.steps)]
+    args += staking_flags(owner_key(folder.key("owner")), cfg.pool.stake)
     return Role("orchestrator", args, folder.log("orchestrator"), finishes=False)
 
 
@@ -568,6 +570,8 @@ def _run(cfg: RunConfig, console: Console, fresh: bool, supervisor: list[Supervi
     try:
         sup.start(orchestrator_role(cfg, port))
         wait_for_orchestrator(sup, url)
+        workers = [load_identity(path) for name, path in keys.items() if name.startswith("worker")]
+        fund_workers(url, owner_key(folder.key("owner")), workers, cfg.pool.stake)
         for role in pool_roles(cfg, start_model, url, keys, relay_ports, origin_server.url):
             sup.start(role)
         earlier = read_metrics(folder.metrics)

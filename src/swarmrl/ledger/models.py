@@ -2,8 +2,9 @@
 
 Times are unix seconds (float). Addresses are EIP-55 checksummed strings. A submission
 is keyed by the SHA-256 of its file; each issued assignment is returned at most once.
-Stake, balances, payouts and slashing events (the accountability issue) are further
-tables keyed by member address, added by a later migration.
+Money (balances, stakes, payouts, slashes) is kept in integer nano-units (1e-9 of the
+pool's unit) so the books add up exactly: every movement is a journal row, and each
+account's balance and stake are what its journal rows sum to.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ ROLES = ("worker", "trainer", "validator", "relay")
 MEMBER_STATUSES = ("healthy", "unhealthy", "dead")
 ASSIGNMENT_STATES = ("issued", "returned", "lapsed")
 SUBMISSION_STATES = ("pending", "accepted", "rejected", "voided")
+# fund: owner → balance; stake: balance → stake; release: stake → balance;
+# slash: stake → gone (the pool keeps it); payout: pool → balance.
+JOURNAL_KINDS = ("fund", "stake", "release", "slash", "payout")
 
 
 def _one_of(column: str, values: tuple[str, ...]) -> str:
@@ -50,6 +54,11 @@ class Member(Base):
     url: Mapped[str | None] = mapped_column(String(512))
     registered_at: Mapped[float] = mapped_column(Float)
     lapses: Mapped[int] = mapped_column(Integer, default=0)
+    # Set when a validator rejected its work: no assignments, uploads or heartbeats since.
+    ejected_at: Mapped[float | None] = mapped_column(Float)
+    # Its newest soft invalidation (a lapse, stale or unverifiable work): its next files
+    # are validated at the higher rate.
+    soft_invalidated_at: Mapped[float | None] = mapped_column(Float)
 
 
 class Heartbeat(Base):
@@ -165,10 +174,15 @@ class Verdict(Base):
     signed_text: Mapped[str] = mapped_column(Text)
     signature: Mapped[str] = mapped_column(String(132))
     decided_at: Mapped[float] = mapped_column(Float)
+    # Not judged through no proven fault of the worker (its checkpoint was pruned): the
+    # file is voided, nobody slashed.
+    soft: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class Contribution(Base):
-    """Accepted work credited to a worker: one row per accepted submission."""
+    """Work credited to a worker: one row per submission accepted by a validator, or
+    trained without having been chosen for validation. Paid once its step has ended;
+    forfeited if the worker is ejected before that."""
 
     __tablename__ = "contributions"
 
@@ -178,3 +192,63 @@ class Contribution(Base):
     samples: Mapped[int] = mapped_column(Integer)
     tokens: Mapped[int] = mapped_column(BigInteger)
     credited_at: Mapped[float] = mapped_column(Float)
+    paid_at: Mapped[float | None] = mapped_column(Float)
+    amount: Mapped[int | None] = mapped_column(BigInteger)  # nano-units paid
+    forfeited_at: Mapped[float | None] = mapped_column(Float)
+
+
+class Account(Base):
+    """The funds of one address (funded before it registers, so not tied to a member)."""
+
+    __tablename__ = "accounts"
+
+    address: Mapped[str] = mapped_column(String(42), primary_key=True)
+    balance: Mapped[int] = mapped_column(BigInteger, default=0)
+    stake: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class JournalEntry(Base):
+    """One movement of funds. A payout and a slash name their file: each happens once."""
+
+    __tablename__ = "journal"
+    __table_args__ = (
+        CheckConstraint(_one_of("kind", JOURNAL_KINDS), name="ck_journal_kind"),
+        CheckConstraint("amount >= 0", name="ck_journal_amount"),
+        UniqueConstraint("kind", "file_hash", name="uq_journal_kind_file"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(16))
+    address: Mapped[str] = mapped_column(String(42), index=True)
+    amount: Mapped[int] = mapped_column(BigInteger)
+    step: Mapped[int | None] = mapped_column(Integer)
+    file_hash: Mapped[str | None] = mapped_column(String(64))
+    by: Mapped[str | None] = mapped_column(String(42))  # the owner who funded
+
+
+class Slashing(Base):
+    """A worker caught by a rejected file: what it lost and the exposure it left."""
+
+    __tablename__ = "slashings"
+
+    file_hash: Mapped[str] = mapped_column(ForeignKey("submissions.file_hash"), primary_key=True)
+    address: Mapped[str] = mapped_column(ForeignKey("members.address"), index=True)
+    step: Mapped[int] = mapped_column(Integer)
+    at: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(Text)
+    amount: Mapped[int] = mapped_column(BigInteger)
+    voided_files: Mapped[int] = mapped_column(Integer)
+    tainted_files: Mapped[int] = mapped_column(Integer)
+
+
+class Taint(Base):
+    """A file of a caught worker that was already trained: the exposure, by step."""
+
+    __tablename__ = "taints"
+
+    file_hash: Mapped[str] = mapped_column(ForeignKey("submissions.file_hash"), primary_key=True)
+    cause: Mapped[str] = mapped_column(ForeignKey("slashings.file_hash"), index=True)
+    worker: Mapped[str] = mapped_column(String(42))
+    step: Mapped[int] = mapped_column(Integer)
+    trained_step: Mapped[int] = mapped_column(Integer)

@@ -182,7 +182,15 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
         """The pool at a glance: members, health, steps, submissions, verdicts, contributions."""
         return pool.status()
 
-    @app.post("/v1/register", response_model=api.Member, responses=ERRORS, tags=["members"])
+    @app.post(
+        "/v1/register",
+        response_model=api.Member,
+        responses={
+            **ERRORS,
+            402: {"model": api.Problem, "description": "balance short of the worker stake"},
+        },
+        tags=["members"],
+    )
     def register(req: api.RegisterRequest, caller: Signed) -> api.Member:
         """Join the pool: workers by signature; trainer, validators and relays by allowlist."""
         return pool.register(caller.address, req)
@@ -343,12 +351,24 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
         return pool.next_for_validation(caller.address)
 
     @app.post(
+        "/v1/pool/fund",
+        response_model=api.Account,
+        responses={**ERRORS, 403: {"model": api.Problem, "description": "not the pool owner"}},
+        tags=["owner"],
+    )
+    def fund(req: api.FundRequest, caller: Signed) -> api.Account:
+        """Add to an address's balance (the pool owner's key only); a worker registers by
+        locking `min_stake` of it."""
+        return pool.fund(caller.address, req)
+
+    @app.post(
         "/v1/verdicts", response_model=api.VerdictResponse, responses=ERRORS, tags=["validator"]
     )
     async def verdict(
         request: Request, req: api.VerdictRequest, caller: Signed
     ) -> api.VerdictResponse:
-        """Record a validator's verdict; accepted work is credited to the worker."""
+        """Record a validator's verdict: accepted work is credited to the worker; a reject
+        slashes and ejects it; a soft verdict voids the file only."""
         body = (await request.body()).decode("utf-8", "replace")
         return await run_in_threadpool(
             lambda: pool.record_verdict(

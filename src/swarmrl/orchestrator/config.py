@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class OrchestratorConfig(BaseModel):
@@ -95,6 +95,56 @@ class OrchestratorConfig(BaseModel):
     validation_lease_seconds: float = Field(
         600.0, gt=0, description="a file handed to a validator is handed out again after this"
     )
+    new_member_files: int = Field(
+        2,
+        ge=0,
+        description="a worker's first this many files are validated at new_member_validation_fraction",
+    )
+    new_member_validation_fraction: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="validation rate of a new member's files, and of the files after a soft "
+        "invalidation (when above validation_fraction; never when validation_fraction is 0)",
+    )
+    soft_invalidation_files: int = Field(
+        2,
+        ge=0,
+        description="files of a worker validated at new_member_validation_fraction after a soft "
+        "invalidation of its work (late, stale, unverifiable)",
+    )
+    owner: str | None = Field(
+        None,
+        pattern=r"^0x[0-9a-fA-F]{40}$",
+        description="the pool owner's address: the only key that may fund addresses "
+        "(`swarmrl pool fund`); unset: nobody can",
+    )
+    min_stake: float = Field(
+        0.0,
+        ge=0,
+        description="stake a worker locks from its balance to register (0: no stake, a closed "
+        "or free pool)",
+    )
+    slash_fraction: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="share of a worker's stake taken when a validator rejects its file "
+        "(the rest returns to its balance as it is ejected)",
+    )
+    pay_per_sample: float = Field(
+        1.0, ge=0, description="paid per sample of credited work, when its step ends"
+    )
+    pay_per_token: float = Field(
+        0.0, ge=0, description="paid per generated token of credited work, when its step ends"
+    )
     sweep_seconds: float = Field(
         1.0, gt=0, description="how often health, deadlines and old nonces are checked"
     )
+
+    @field_validator("owner")
+    @classmethod
+    def _checksummed(cls, owner: str | None) -> str | None:
+        from eth_utils import to_checksum_address
+
+        return None if owner is None else to_checksum_address(owner)

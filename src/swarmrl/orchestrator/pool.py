@@ -8,6 +8,7 @@ assignment returned once" true on SQLite and PostgreSQL alike. A refused act rai
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -27,10 +28,13 @@ from swarmrl.ledger import (
     Ledger,
     Member,
     Nonce,
+    Slashing,
     Step,
     Submission,
+    Taint,
     Verdict,
 )
+from swarmrl.orchestrator import accounts
 from swarmrl.orchestrator.config import OrchestratorConfig
 from swarmrl.orchestrator.issuance import (
     assignment_seed,
@@ -41,10 +45,18 @@ from swarmrl.orchestrator.store import RolloutStore
 from swarmrl.protocol import models as api
 from swarmrl.rollouts import read_rollouts
 
+log = logging.getLogger("swarmrl.orchestrator")
+
 YIELD_WINDOW = 64  # newest submissions the claimed yield is measured over
 YIELD_STEPS = 4  # newest trainer-reported steps the observed yield is measured over
-LIVE = ("pending", "accepted")  # submissions a trainer may use
+LIVE = ("pending", "accepted")  # submissions that may still be trained
 ROLES: tuple[api.Role, ...] = get_args(api.Role)
+# What the trainer may train: accepted files, and pending ones not chosen for validation.
+# A chosen file waits for its verdict unlisted (its claimed samples still count as coming
+# in the step's need, so nothing a worker sees differs).
+TRAINABLE = (Submission.state == "accepted") | (
+    (Submission.state == "pending") & Submission.to_validate.is_(False)
+)
 
 
 class Refusal(Exception):
@@ -154,11 +166,26 @@ class Pool:
             raise Refusal(403, f"{address} is not registered")
         if m.role not in roles:
             raise Refusal(403, f"{address} is a {m.role}; this needs a {' or '.join(roles)}")
+        if m.ejected_at is not None:
+            raise self.ejected(s, address)
         if m.status == "dead":
             raise Refusal(
                 403, f"{address} was declared dead after missed heartbeats; register again"
             )
         return m
+
+    def ejected(self, s: Session, address: str) -> Refusal:
+        """The refusal every request of an ejected member gets: `ejected: ` and why."""
+        caught = s.scalars(
+            select(Slashing).where(Slashing.address == address).order_by(Slashing.at.desc())
+        ).first()
+        why = (
+            f"file {caught.file_hash} of step {caught.step} was rejected ({caught.reason}); "
+            f"stake slashed by {accounts.from_units(caught.amount):g}"
+            if caught
+            else "a validator rejected its work"
+        )
+        return Refusal(403, f"ejected: {address} is out of the pool: {why}")
 
     def check_member(self, address: str, roles: Iterable[str]) -> None:
         with self.ledger.session() as s:
@@ -176,6 +203,10 @@ class Pool:
         now = self.clock()
         with self._lock, self.ledger.session() as s:
             m = s.get(Member, address)
+            if m is not None and m.ejected_at is not None:
+                raise self.ejected(s, address)
+            if req.role == "worker" and self.config.min_stake > 0:
+                self._lock_stake(s, address, now)
             if m is None:
                 m = Member(
                     address=address,
@@ -196,12 +227,49 @@ class Pool:
                 s.get_one(Heartbeat, address).last_at = now
             s.flush()
             self._view = None
+            acct = accounts.account(s, address)
             return api.Member(
                 address=m.address,
                 role=cast(api.Role, m.role),
                 status=m.status,
                 url=m.url,
                 lapses=m.lapses,
+                balance=accounts.from_units(acct.balance),
+                stake=accounts.from_units(acct.stake),
+            )
+
+    def _lock_stake(self, s: Session, address: str, now: float) -> None:
+        stake = self.config.min_stake
+        short = accounts.lock_stake(s, address, accounts.to_units(stake), now)
+        if short:
+            raise Refusal(
+                402,
+                f"a worker locks a stake of {stake:g} to register; {address} is "
+                f"{accounts.from_units(short):g} short: ask the pool owner to fund it "
+                f"(swarmrl pool fund {address} AMOUNT)",
+            )
+
+    # -- the pool owner -----------------------------------------------------------------
+
+    def fund(self, owner: str, req: api.FundRequest) -> api.Account:
+        from eth_utils import to_checksum_address
+
+        if self.config.owner is None:
+            raise Refusal(403, "this pool has no owner (--owner): nobody may fund addresses")
+        if owner != self.config.owner:
+            raise Refusal(403, f"{owner} is not the pool owner; only {self.config.owner} funds")
+        with self._lock, self.ledger.session() as s:
+            acct = accounts.fund(
+                s,
+                owner,
+                to_checksum_address(req.address),
+                accounts.to_units(req.amount),
+                self.clock(),
+            )
+            return api.Account(
+                address=acct.address,
+                balance=accounts.from_units(acct.balance),
+                stake=accounts.from_units(acct.stake),
             )
 
     # -- heartbeats and health ----------------------------------------------------------
@@ -211,8 +279,11 @@ class Pool:
         and the pool view from memory (rebuilt whenever what it shows may have changed)."""
         now = self.clock()
         with self._lock, self.ledger.session() as s:
-            status = s.scalar(select(Member.status).where(Member.address == address))
-            if status is None or status == "dead":
+            row = s.execute(
+                select(Member.status, Member.ejected_at).where(Member.address == address)
+            ).first()
+            status, ejected_at = row if row is not None else (None, None)
+            if status is None or status == "dead" or ejected_at is not None:
                 self.member(s, address, ROLES)  # raises the precise refusal
             s.execute(
                 update(Heartbeat)
@@ -276,7 +347,9 @@ class Pool:
     def _lapse(self, s: Session, a: Assignment, now: float) -> None:
         a.state = "lapsed"
         a.closed_at = now
-        s.get_one(Member, a.worker).lapses += 1
+        m = s.get_one(Member, a.worker)
+        m.lapses += 1
+        m.soft_invalidated_at = now  # late work: its next files are checked more often
 
     # -- assignments --------------------------------------------------------------------
 
@@ -408,10 +481,41 @@ class Pool:
         return a
 
     def check_upload_target(self, worker: str, assignment_id: int) -> None:
-        """Before any byte is read: the sender is a worker holding this open assignment."""
+        """Before any byte is read: the sender is a worker holding this open assignment,
+        within its deadline (a late one lapses now: soft, no slash, the work is void)."""
+        now = self.clock()
         with self.ledger.session() as s:
             self.member(s, worker, ["worker"])
-            self.open_assignment(s, worker, assignment_id)
+            a = self.open_assignment(s, worker, assignment_id)
+            if a.deadline >= now:
+                return
+        with self._lock, self.ledger.session() as s:
+            a = s.get_one(Assignment, assignment_id)
+            if a.state == "issued":
+                self._lapse(s, a, now)
+        raise Refusal(
+            409,
+            f"assignment {assignment_id} passed its deadline {now - a.deadline:.0f} s ago; "
+            "late work is void",
+        )
+
+    def _validation_fraction(self, s: Session, worker: str, m: Member) -> float:
+        """The base rate, or the higher one for a new member's first files and the files
+        after a soft invalidation of its work."""
+        cfg = self.config
+        if (
+            cfg.validation_fraction == 0
+            or cfg.new_member_validation_fraction <= cfg.validation_fraction
+        ):
+            return cfg.validation_fraction
+        files = select(func.count()).where(Submission.worker == worker)
+        if int(s.scalar(files) or 0) < cfg.new_member_files:
+            return cfg.new_member_validation_fraction
+        if m.soft_invalidated_at is not None:
+            since = s.scalar(files.where(Submission.uploaded_at > m.soft_invalidated_at))
+            if int(since or 0) < cfg.soft_invalidation_files:
+                return cfg.new_member_validation_fraction
+        return cfg.validation_fraction
 
     def accept_upload(
         self, worker: str, assignment_id: int, upload: UploadedFile
@@ -423,7 +527,7 @@ class Pool:
         except Exception as exc:  # noqa: BLE001 (any failure to parse hostile bytes is the sender's)
             raise Refusal(422, f"unreadable rollout file: {exc}") from None
         with self._lock, self.ledger.session() as s:
-            self.member(s, worker, ["worker"])
+            m = self.member(s, worker, ["worker"])
             a = self.open_assignment(s, worker, assignment_id)
             expected = {
                 "worker_address": worker,
@@ -449,6 +553,10 @@ class Pool:
             tokens = int(
                 table.column("output_tokens").combine_chunks().value_lengths().to_numpy().sum()
             )
+            # Samples claiming a policy older than the async bound allows are of no use:
+            # the file is recorded, void (soft: no slash), and its worker checked more often.
+            policies = table.column("policy_step").to_pylist()
+            stale = bool(policies) and min(policies) < a.step - cfg.async_level
             sub = Submission(
                 file_hash=upload.file_hash,
                 assignment_id=a.id,
@@ -459,12 +567,14 @@ class Pool:
                 num_samples=meta.num_samples,
                 num_nonzero=meta.num_nonzero,
                 num_tokens=tokens,
-                state="pending",
+                state="voided" if stale else "pending",
                 to_validate=chosen_for_validation(
-                    self.secret, upload.file_hash, cfg.validation_fraction
+                    self.secret, upload.file_hash, self._validation_fraction(s, worker, m)
                 ),
                 uploaded_at=now,
             )
+            if stale:
+                m.soft_invalidated_at = now
             s.add(sub)
             a.state = "returned"
             a.closed_at = now
@@ -488,7 +598,7 @@ class Pool:
             rows = s.execute(
                 select(Submission, Assignment.seed)
                 .join(Assignment, Assignment.id == Submission.assignment_id)
-                .where(Submission.step == step, Submission.state.in_(LIVE))
+                .where(Submission.step == step, TRAINABLE)
                 .order_by(Submission.uploaded_at, Submission.file_hash)
             ).all()
             return api.SubmissionList(
@@ -520,6 +630,11 @@ class Pool:
                     raise Refusal(
                         409, f"submission {file_hash} is {sub.state}; it must not be trained"
                     )
+                if sub.state == "pending" and sub.to_validate:
+                    raise Refusal(
+                        409,
+                        f"submission {file_hash} awaits its verdict; it must not be trained yet",
+                    )
                 if sub.trained_step is not None:
                     if sub.trained_step != req.step:
                         raise Refusal(
@@ -529,6 +644,7 @@ class Pool:
                     continue  # the same report again (a restarted trainer): counted once
                 sub.trained_step = req.step
                 sub.trained_at = now
+                accounts.credit(s, sub, now)  # not chosen, or accepted: counts as accepted
                 marked += 1
             return marked
 
@@ -587,8 +703,19 @@ class Pool:
                     Checkpoint(step=req.step, blake3=req.blake3, announced_at=now, final=req.final)
                 )
             s.flush()
+            # Checkpoint n is the trainer's word that steps < n are trained: their credited
+            # work is paid (again after a restart or a repeated announcement: nothing twice).
+            self._settle(s, now)
             self._view = None
             return self._pool_view(s)
+
+    def _rates(self) -> accounts.Rates:
+        return accounts.Rates.of(self.config.pay_per_sample, self.config.pay_per_token)
+
+    def _settle(self, s: Session, now: float) -> None:
+        newest = s.scalar(select(func.max(Checkpoint.step)))
+        if newest:
+            accounts.settle(s, newest - 1, self._rates(), now)
 
     # -- the validator ------------------------------------------------------------------
 
@@ -633,6 +760,9 @@ class Pool:
                 raise Refusal(404, f"no submission {req.file_hash}")
             if sub.state != "pending":
                 raise Refusal(409, f"submission {req.file_hash} is already {sub.state}")
+            if not sub.to_validate:
+                # Unchosen files may be trained any time: a verdict could come too late.
+                raise Refusal(409, f"submission {req.file_hash} was not chosen for validation")
             s.add(
                 Verdict(
                     file_hash=sub.file_hash,
@@ -643,21 +773,49 @@ class Pool:
                     signed_text=signed_text,
                     signature=signature,
                     decided_at=now,
+                    soft=req.soft,
                 )
             )
-            sub.state = "accepted" if req.accepted else "rejected"
+            worker = s.get_one(Member, sub.worker)
             if req.accepted:
-                s.add(
-                    Contribution(
-                        file_hash=sub.file_hash,
-                        worker=sub.worker,
-                        step=sub.step,
-                        samples=sub.num_samples,
-                        tokens=sub.num_tokens,
-                        credited_at=now,
+                sub.state = "accepted"
+                accounts.credit(s, sub, now)
+                self._settle(s, now)  # a verdict after its step ended is paid at once
+            elif req.soft:
+                sub.state = "voided"
+                worker.soft_invalidated_at = now
+            else:
+                sub.state = "rejected"
+                if worker.ejected_at is None:
+                    caught = accounts.eject(
+                        s, worker, sub, req.reason, self.config.slash_fraction, now
                     )
-                )
+                    log.warning(
+                        "worker %s ejected: file %s of step %d rejected (%s); stake slashed by "
+                        "%g, %d files voided, %d trained files tainted",
+                        worker.address,
+                        sub.file_hash[:12],
+                        sub.step,
+                        req.reason,
+                        accounts.from_units(caught.amount),
+                        caught.voided_files,
+                        caught.tainted_files,
+                    )
+            if not req.accepted:
+                self._reopen(s, sub.step)
             return api.VerdictResponse(file_hash=sub.file_hash, state=sub.state)
+
+    def _reopen(self, s: Session, step: int) -> None:
+        """A step full by claims that a withdrawn file no longer fills needs work again."""
+        s.flush()
+        row = s.get(Step, step)
+        if (
+            row is not None
+            and row.full_at is not None
+            and not row.trainer_full
+            and self._usable(s, step) < row.target_samples
+        ):
+            row.full_at = None
 
     # -- status -------------------------------------------------------------------------
 
@@ -689,14 +847,20 @@ class Pool:
     def status(self) -> api.PoolStatus:
         with self.ledger.session() as s:
             view = self._pool_view(s)
+            money = accounts.money_by_address(s, self._rates())
+            none = accounts.Money()
             members = [
                 api.Member(
                     address=m.address,
                     role=cast(api.Role, m.role),
-                    status=m.status,
+                    status="ejected" if m.ejected_at is not None else m.status,
                     url=m.url,
                     lapses=m.lapses,
                     last_heartbeat=last_at,
+                    balance=money.get(m.address, none).balance,
+                    stake=money.get(m.address, none).stake,
+                    paid=money.get(m.address, none).paid,
+                    unpaid=money.get(m.address, none).unpaid,
                 )
                 for m, last_at in s.execute(
                     select(Member, Heartbeat.last_at)
@@ -711,9 +875,14 @@ class Pool:
             by_state = dict(
                 s.execute(select(Submission.state, func.count()).group_by(Submission.state)).all()
             )
-            verdicts = dict(
-                s.execute(select(Verdict.accepted, func.count()).group_by(Verdict.accepted)).all()
-            )
+            verdicts = {
+                (accepted, soft): n
+                for accepted, soft, n in s.execute(
+                    select(Verdict.accepted, Verdict.soft, func.count()).group_by(
+                        Verdict.accepted, Verdict.soft
+                    )
+                )
+            }
             contributions = [
                 api.Contribution(worker=w, files=f, samples=int(n), tokens=int(t))
                 for w, f, n, t in s.execute(
@@ -723,9 +892,27 @@ class Pool:
                         func.sum(Contribution.samples),
                         func.sum(Contribution.tokens),
                     )
+                    .where(Contribution.forfeited_at.is_(None))
                     .group_by(Contribution.worker)
                     .order_by(Contribution.worker)
                 )
+            ]
+            tainted_steps: dict[str, set[int]] = {}
+            for cause, trained_step in s.execute(select(Taint.cause, Taint.trained_step)):
+                tainted_steps.setdefault(cause, set()).add(trained_step)
+            slashings = [
+                api.Slashing(
+                    address=x.address,
+                    at=x.at,
+                    step=x.step,
+                    file_hash=x.file_hash,
+                    reason=x.reason,
+                    slashed=accounts.from_units(x.amount),
+                    voided_files=x.voided_files,
+                    tainted_files=x.tainted_files,
+                    tainted_steps=sorted(tainted_steps.get(x.file_hash, ())),
+                )
+                for x in s.scalars(select(Slashing).order_by(Slashing.at, Slashing.file_hash))
             ]
             return api.PoolStatus(
                 step=view.step,
@@ -735,8 +922,10 @@ class Pool:
                 steps=steps,
                 submissions={k: int(v) for k, v in by_state.items()},
                 verdicts={
-                    "accepted": int(verdicts.get(True, 0)),
-                    "rejected": int(verdicts.get(False, 0)),
+                    "accepted": int(verdicts.get((True, False), 0)),
+                    "rejected": int(verdicts.get((False, False), 0)),
+                    "soft": int(verdicts.get((False, True), 0)),
                 },
                 contributions=contributions,
+                slashings=slashings,
             )

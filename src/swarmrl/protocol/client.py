@@ -253,10 +253,25 @@ class PoolClient:
         r = self._send("POST", "/v1/validation/next")
         return api.ValidationTask.model_validate_json(r.content)
 
-    def post_verdict(self, file_hash: str, accepted: bool, reason: str = "") -> api.VerdictResponse:
+    def post_verdict(
+        self, file_hash: str, accepted: bool, reason: str = "", soft: bool = False
+    ) -> api.VerdictResponse:
+        """A verdict; `soft` (not accepted, not the worker's proven fault) voids the file
+        without slashing."""
         r = self._send(
             "POST",
             "/v1/verdicts",
-            body=api.VerdictRequest(file_hash=file_hash, accepted=accepted, reason=reason),
+            body=api.VerdictRequest(
+                file_hash=file_hash, accepted=accepted, reason=reason, soft=soft
+            ),
         )
         return api.VerdictResponse.model_validate_json(r.content)
+
+    # -- the pool owner -----------------------------------------------------------------
+
+    def fund(self, address: str, amount: float) -> api.Account:
+        """Add `amount` to an address's balance (the pool owner's key only)."""
+        r = self._send(
+            "POST", "/v1/pool/fund", body=api.FundRequest(address=address, amount=amount)
+        )
+        return api.Account.model_validate_json(r.content)

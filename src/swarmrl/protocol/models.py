@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Role = Literal["worker", "trainer", "validator", "relay"]
 
@@ -30,10 +30,14 @@ class RegisterRequest(_Request):
 class Member(BaseModel):
     address: str
     role: Role
-    status: str
+    status: str = Field(description="healthy, unhealthy or dead (by heartbeats), or ejected")
     url: str | None = None
     lapses: int = 0
     last_heartbeat: float | None = None
+    balance: float = Field(0.0, description="funds the address holds, not locked")
+    stake: float = Field(0.0, description="funds locked as the worker's stake")
+    paid: float = Field(0.0, description="paid out for its work so far")
+    unpaid: float = Field(0.0, description="credited work not paid yet (paid when its step ends)")
 
 
 class HeartbeatRequest(_Request):
@@ -125,6 +129,17 @@ class VerdictRequest(_Request):
     file_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
     accepted: bool
     reason: str = Field("", max_length=4000, description="the failed check, or empty")
+    soft: bool = Field(
+        False,
+        description="not judged, through no proven fault (e.g. its checkpoint was pruned): "
+        "the file is voided without slashing; needs accepted=false",
+    )
+
+    @model_validator(mode="after")
+    def _soft_is_not_accepted(self) -> VerdictRequest:
+        if self.soft and self.accepted:
+            raise ValueError("a soft verdict voids the file: accepted must be false")
+        return self
 
 
 class VerdictResponse(BaseModel):
@@ -172,6 +187,31 @@ class Contribution(BaseModel):
     tokens: int
 
 
+class FundRequest(_Request):
+    address: str = Field(pattern=r"^0x[0-9a-fA-F]{40}$", description="the address to fund")
+    amount: float = Field(gt=0, le=1e9, description="added to the address's balance")
+
+
+class Account(BaseModel):
+    address: str
+    balance: float
+    stake: float
+
+
+class Slashing(BaseModel):
+    """A worker caught: its stake slashed, its untrained files voided, its trained ones tainted."""
+
+    address: str
+    at: float = Field(description="unix time of the verdict")
+    step: int = Field(description="the rejected file's step")
+    file_hash: str = Field(description="the rejected file")
+    reason: str = Field(description="the validator's reason, naming the failed check")
+    slashed: float = Field(description="stake taken")
+    voided_files: int = Field(description="its untrained files voided")
+    tainted_files: int = Field(description="its files already trained")
+    tainted_steps: list[int] = Field(description="the training steps that used them")
+
+
 class PoolStatus(BaseModel):
     step: int | None
     checkpoint: CheckpointInfo | None
@@ -181,6 +221,7 @@ class PoolStatus(BaseModel):
     submissions: dict[str, int]
     verdicts: dict[str, int]
     contributions: list[Contribution]
+    slashings: list[Slashing] = Field(default_factory=list, description="oldest first")
 
 
 class Problem(BaseModel):

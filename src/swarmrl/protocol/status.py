@@ -25,9 +25,19 @@ def render(status: api.PoolStatus, console: Console, now: float | None = None) -
     members = Table(title="members")
     for column in ("address", "role", "status", "last heartbeat", "lapses", "url"):
         members.add_column(column)
+    for column in ("balance", "stake", "paid", "unpaid"):
+        members.add_column(column, justify="right")
     for m in status.members:
         seen = f"{now - m.last_heartbeat:.0f} s ago" if m.last_heartbeat else "-"
-        members.add_row(m.address, m.role, m.status, seen, str(m.lapses), m.url or "")
+        members.add_row(
+            m.address,
+            m.role,
+            m.status,
+            seen,
+            str(m.lapses),
+            m.url or "",
+            *(f"{x:g}" for x in (m.balance, m.stake, m.paid, m.unpaid)),
+        )
     console.print(members)
 
     steps = Table(title="steps (newest first)")
@@ -49,7 +59,8 @@ def render(status: api.PoolStatus, console: Console, now: float | None = None) -
     console.print(f"submissions: {by_state}")
     console.print(
         f"verdicts: {status.verdicts.get('accepted', 0)} accepted, "
-        f"{status.verdicts.get('rejected', 0)} rejected"
+        f"{status.verdicts.get('rejected', 0)} rejected, "
+        f"{status.verdicts.get('soft', 0)} soft (voided, not slashed)"
     )
     credits = Table(title="contributions (accepted work)")
     for column in ("worker", "files", "samples", "tokens"):
@@ -57,6 +68,22 @@ def render(status: api.PoolStatus, console: Console, now: float | None = None) -
     for c in status.contributions:
         credits.add_row(c.worker, str(c.files), str(c.samples), str(c.tokens))
     console.print(credits)
+    if status.slashings:
+        caught = Table(title="slashed and ejected")
+        for column in ("worker", "step", "file", "check failed", "slashed", "voided", "tainted"):
+            caught.add_column(column)
+        for x in status.slashings:
+            used_in = f" (steps {', '.join(map(str, x.tainted_steps))})" if x.tainted_steps else ""
+            caught.add_row(
+                x.address,
+                str(x.step),
+                x.file_hash[:12],
+                x.reason,
+                f"{x.slashed:g}",
+                str(x.voided_files),
+                f"{x.tainted_files}{used_in}",
+            )
+        console.print(caught)
 
 
 def _status(args) -> int:

@@ -14,7 +14,8 @@ one signed verdict per file.
   ``file_hash``, ``assignment``, ``status``, ``reason``, ``failed_checks``, ``seconds``),
   which the run's summary counts.
 - A file whose checkpoint the relays no longer list (they keep the newest few) is
-  logged as ``skipped`` and gets no verdict: not held against the worker.
+  logged as ``skipped`` and gets a soft verdict: the file is voided (the trainer must
+  not wait for it, nor train it unchecked), and the worker is not slashed.
 - No file can stop it: an unexpected error while judging is logged with its traceback
   and the file is rejected as unusable with its message.
 - It ends once the trainer has published its final checkpoint and nothing is left to judge.
@@ -122,13 +123,19 @@ def judge_submission(
         "failed_checks": verdict.failed_checks,
         "seconds": round(time.perf_counter() - start, 3),
     }
-    if verdict.status != Status.SKIPPED:
-        accepted = verdict.status == Status.ACCEPTED
-        try:
-            client.post_verdict(sub.file_hash, accepted, "" if accepted else verdict.reason)
-        except PoolRefused as exc:
-            if exc.status != 409:  # 409: already decided (a verdict posted before a restart)
-                raise
+    accepted = verdict.status == Status.ACCEPTED
+    try:
+        client.post_verdict(
+            sub.file_hash,
+            accepted,
+            "" if accepted else verdict.reason,
+            soft=verdict.status == Status.SKIPPED,
+        )
+    except PoolRefused as exc:
+        # 409: already decided (a verdict posted before a restart), or voided meanwhile
+        # (its worker was ejected).
+        if exc.status != 409:
+            raise
     path.unlink(missing_ok=True)
     return record
 
