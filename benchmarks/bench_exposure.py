@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import math
 import os
 import tempfile
@@ -269,7 +270,8 @@ class Simulation:
                 continue
             c.caught_at = step
             with self.pool.ledger.session() as s:
-                status = s.scalar(select(Member.status).where(Member.address == worker))
+                member = s.get_one(Member, worker)
+                ejected = getattr(member, "ejected_at", None) is not None
                 left = s.scalar(
                     select(Submission.file_hash).where(
                         Submission.worker == worker,
@@ -277,7 +279,7 @@ class Simulation:
                         Submission.trained_step.is_(None),
                     )
                 )
-            voids = status == "ejected" and left is None
+            voids = ejected and left is None
             self.enforced.setdefault("voiding and ejection", set()).add(voids)
             if not voids:
                 self.ejected_by_driver.add(worker)
@@ -377,6 +379,7 @@ def main() -> None:
     parser.add_argument("--new-member-fraction", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    logging.getLogger("swarmrl").setLevel(logging.ERROR)  # one warning per ejection otherwise
     variants = args.variants.split(",")
     unknown = set(variants) - set(VARIANTS)
     if unknown:
