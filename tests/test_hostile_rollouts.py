@@ -384,9 +384,10 @@ def test_validator_process_judges_what_the_orchestrator_hands_out(run, tmp_path)
     a restarted validator finds nothing left to judge.
 
     The trainer's collector cannot replay, so it cannot tell a replay forgery from an
-    honest file: what it relies on is the pool. Once the verdicts are in, the forged files
-    are withdrawn: the collector drops what it read of them, its batch holds only the
-    honest file, and the ledger refuses to mark a rejected file trained."""
+    honest file: what it relies on is the pool. A file chosen for validation is listed to
+    the trainer only once accepted, so the collector never reads the forged files, reads
+    the honest one after its verdict, and the ledger refuses to mark a rejected file
+    trained; each cheater (one worker per forgery) is ejected."""
     from swarmrl.identity import Identity, generate_key_file
     from swarmrl.ledger import Ledger, Verdict, check_ledger
     from swarmrl.orchestrator import OrchestratorConfig, OrchestratorThread
@@ -422,10 +423,14 @@ def test_validator_process_judges_what_the_orchestrator_hands_out(run, tmp_path)
         trainer = PoolClient(orchestrator.url, trainer_key)
         trainer.register("trainer", url=server.url)
         trainer.announce_checkpoint(0, blake3)
-        worker = PoolClient(orchestrator.url, Identity.generate())
-        worker.register("worker")
+        # One worker per forgery (a reject ejects its worker and voids its other files), and
+        # an honest one.
+        workers = {}
+        for name in [*REPLAY_FORGERIES, "reversed tokens", "honest"]:
+            workers[name] = PoolClient(orchestrator.url, Identity.generate())
+            workers[name].register("worker")
 
-        def upload(a, cols) -> str:
+        def upload(worker, a, cols) -> str:
             meta = meta_for(run, cols, a.id).model_copy(update={"worker_address": worker.address})
             path = write_rollouts(tmp_path / "outbox" / f"{a.id}.parquet", cols, meta)
             return worker.upload(a.id, path).file_hash
@@ -444,42 +449,39 @@ def test_validator_process_judges_what_the_orchestrator_hands_out(run, tmp_path)
                 run.model, run.tok, run.task, plan_of(a), run.params, 0, run.cfg.task.length_alpha
             ).columns
 
-        # The replay forgeries first, each in the first of the worker's files that allows it.
+        # The replay forgeries first, each in the first of its worker's files that allows it.
         forged: dict[str, str] = {}
-        spare = []
-        for _ in range(12):
-            a = worker.assignment(0).assignment
-            cols = columns(a)
-            kind = next((k for k in REPLAY_FORGERIES if k not in forged), None)
-            swap = find_swap(run, cols, kind) if kind else None
-            if swap is None:
-                spare.append((a, cols))
-            else:
-                forged[kind] = upload(a, forge(run, cols, plan_of(a), swap))
-            if len(forged) == len(REPLAY_FORGERIES) and len(spare) >= 2:
-                break
-        assert len(forged) == len(REPLAY_FORGERIES) and len(spare) >= 2, "no place to forge"
-        (honest_a, honest_cols), (reversed_a, reversed_cols) = spare[:2]
-        honest = upload(honest_a, honest_cols)
-        reversed_cols = copy_cols(reversed_cols)
+        for kind in REPLAY_FORGERIES:
+            for _ in range(8):
+                a = workers[kind].assignment(0).assignment
+                cols = columns(a)
+                if swap := find_swap(run, cols, kind):
+                    forged[kind] = upload(workers[kind], a, forge(run, cols, plan_of(a), swap))
+                    break
+            assert kind in forged, f"no place to forge {kind} in 8 files"
+        a = workers["honest"].assignment(0).assignment
+        honest = upload(workers["honest"], a, columns(a))
+        cheater = workers["reversed tokens"]
+        a = cheater.assignment(0).assignment
+        reversed_cols = copy_cols(columns(a))
         row = next(i for i, out in enumerate(reversed_cols["output_tokens"]) if out != out[::-1])
         reversed_cols["output_tokens"][row] = reversed_cols["output_tokens"][row][::-1]
-        forged["reversed tokens"] = upload(reversed_a, reversed_cols)
+        forged["reversed tokens"] = upload(cheater, a, reversed_cols)
         # Hostile bytes are refused at the door: the validator never sees them.
-        hostile_a = worker.assignment(0).assignment
+        hostile_a = cheater.assignment(0).assignment
         bomb = bomb_file(cfg)
         with pytest.raises(PoolRefused) as refused:
-            worker.upload(hostile_a.id, bomb)
+            cheater.upload(hostile_a.id, bomb)
         assert refused.value.status == 422
         trainer.announce_checkpoint(0, blake3, final=True)
-        # The trainer's collector reads the step before any verdict.
+        # Before any verdict the trainer's collector sees none of the files: each is chosen
+        # for validation (fraction 1), and a chosen file waits for its verdict unlisted.
         source = PoolRolloutSource(
             trainer, tmp_path / "trainer-inbox", run.task, cfg, run.tok, run.bounds
         )
         collector = source.open_step(0)
         collector.poll()
-        read_early = set(collector.processed)
-        assert collector.rejected == []
+        assert collector.processed == [] and collector.groups == []
 
         def validator() -> subprocess.CompletedProcess:
             return subprocess.run(
@@ -526,19 +528,19 @@ def test_validator_process_judges_what_the_orchestrator_hands_out(run, tmp_path)
             assert not recorded[file_hash_].accepted
             assert recorded[file_hash_].reason.startswith("rejected: ")
 
-        # The trainer: whatever it read before the verdicts, only the honest file is trained.
+        # The trainer: only the accepted honest file is ever listed, read and trained.
         collector.poll()
-        collector.drop_withdrawn()
-        batch = collector.take(cfg.trainer.batch_samples)
-        assert set(collector.files_of(batch)) <= {honest}
-        assert set(collector.processed) - read_early <= {honest}
-        fresh = source.open_step(0)
-        fresh.poll()
-        assert set(fresh.processed) == {honest}
+        assert collector.processed == [honest] and collector.rejected == []
+        assert set(collector.files_of(collector.take(cfg.trainer.batch_samples))) <= {honest}
         for file_hash_ in forged.values():
             with pytest.raises(PoolRefused) as refused:
                 trainer.mark_trained(0, [file_hash_])
             assert refused.value.status == 409 and "must not be trained" in refused.value.detail
+        # Each cheater is out of the pool.
+        for name in [*REPLAY_FORGERIES, "reversed tokens"]:
+            with pytest.raises(PoolRefused) as refused:
+                workers[name].assignment(0)
+            assert refused.value.status == 403 and "ejected" in refused.value.detail
         # Restarted: nothing pending, nothing judged twice.
         again = validator()
         assert again.returncode == 0, again.stderr[-3000:]
@@ -763,8 +765,9 @@ def test_replay_slack_is_rejected_with_one_line_everywhere(run, replay_forgeries
     - The trainer's collector cannot tell: it does not replay (no seed uniforms, no
       per-token distributions), and the forged file is schema-valid, within bounds and
       correctly scored, so it reads it as usable. What keeps such a file out of training
-      is the pool: a file chosen for validation is trained only once accepted, and a
-      rejected one is withdrawn (test_validator_process_judges_what_the_orchestrator_hands_out).
+      is the pool: a file chosen for validation is listed to the trainer only once
+      accepted (test_validator_process_judges_what_the_orchestrator_hands_out); a file
+      not chosen is trained unchecked, which is the exposure docs/validator.md measures.
     """
     cfg = make_run_dir(run, tmp_path)
     claimed = cfg.folder.checkpoints / step_name(0)
