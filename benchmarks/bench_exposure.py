@@ -330,6 +330,9 @@ class Simulation:
             problems = check_ledger(s)
         exposure = [sum(h in trained for h in c.cheating) for c in self.cheaters]
         return {
+            "rule_mismatches": sum(
+                e != self._implied_exposure(c) for e, c in zip(exposure, self.cheaters, strict=True)
+            ),
             "exposure_files": exposure,
             "trained_files": [
                 e + sum(h in trained for h in c.honest)
@@ -340,6 +343,24 @@ class Simulation:
             "uploads": self.uploads,
             "tainted_by_pool": self._tainted_by_pool(),
         }
+
+    def _implied_exposure(self, c: Cheater) -> int:
+        """What the rules give for this cheater's actual validation choices: its unchosen
+        cheating files up to the end of step s_N + L − 1 (module docstring)."""
+        with self.pool.ledger.session() as s:
+            chosen = dict(
+                s.execute(
+                    select(Submission.file_hash, Submission.to_validate).where(
+                        Submission.file_hash.in_(c.cheating)
+                    )
+                ).all()
+            )
+        flags = [chosen[h] for h in c.cheating]  # in upload order
+        if True not in flags:
+            return -1  # never caught: no exposure is implied
+        first = len(c.honest) + flags.index(True)  # 0-based index among all its files
+        window = self.sc.files_per_step * (first // self.sc.files_per_step + self.sc.lead)
+        return sum(not flag for i, flag in enumerate(flags, start=len(c.honest)) if i < window)
 
     def _tainted_by_pool(self) -> list[int] | None:
         """The Pool's own count of each cheater's trained files, where it keeps one."""
@@ -435,6 +456,7 @@ def main() -> None:
                     "max_samples": float(samples.max()),
                     "zero_share": round(float((files == 0).mean()), 3),
                     "uncaught": out["uncaught"],
+                    "rule_mismatches": out["rule_mismatches"],
                     "uploads": out["uploads"],
                     "ledger_problems": len(out["ledger_problems"]),
                     "pool_taint_agrees": None
@@ -449,7 +471,8 @@ def main() -> None:
                     f"{variant:10s} {f:5.2f} {lead:4d} | {row['formula_samples']:8.1f}"
                     f" {row['mean_samples']:8.1f} {row['se_samples']:6.1f}"
                     f" {row['p90_samples']:6.0f} {row['max_samples']:6.0f}"
-                    f" | uncaught {row['uncaught']}, ledger problems {row['ledger_problems']},"
+                    f" | uncaught {row['uncaught']}, off the rules {row['rule_mismatches']},"
+                    f" ledger problems {row['ledger_problems']},"
                     f" {row['seconds']} s",
                     flush=True,
                 )
