@@ -1,12 +1,12 @@
 """Benchmark: TOPLOC proof building against generation, and validation against generation.
 
-Run: python benchmarks/bench_validator.py [--files N] [--threads T] [--model DIR]
+Run: python benchmarks/bench_validator.py [--files N] [--threads T[,T...]] [--model DIR]
 
 On the default model's architecture (the embedded tiny Llama: hidden 128, 4 layers; by
 default a 30-step warm start of it, cached under the temp folder, because timing does
 not depend on the weights) and the default run config (8 prompts x 8 samples per file,
 up to 48 new tokens, temperature 0.6), for each of N rollout files it times side by
-side, in one process with T torch threads:
+side, in one process with the first of the given torch thread counts:
 
 - generation: the worker's batched sampler for the file's 64 samples;
 - proof building: one ``build_proofs_batch`` call for the file's 64 samples, joined
@@ -20,6 +20,13 @@ side, in one process with T torch threads:
 
 Throughputs are completion tokens per second. The issue's target: validation at least
 10x faster per token than generation.
+
+The validator's throughput, at each thread count given (``--threads 1,2``): files,
+samples and completion tokens per second of what the validator process does per file
+once it is downloaded (``judge_file``: the strict read from disk, the duplicate and
+policy-window checks, prefill and every check), each file judged at every thread count
+in turn (the order alternating from file to file), so the counts are compared side by
+side on the same files.
 """
 
 from __future__ import annotations
@@ -38,11 +45,18 @@ from swarmrl.config import load_config
 from swarmrl.inference.rollout import generate_rollouts, proof_column
 from swarmrl.inference.sampler import SamplingParams
 from swarmrl.model.build import WarmStartRecipe, ensure_default_model
-from swarmrl.rollouts import RolloutMeta, read_rollouts, write_rollouts
+from swarmrl.rollouts import RolloutMeta, SeenFiles, read_rollouts, write_rollouts
 from swarmrl.tasks.registry import build_task
 from swarmrl.toploc import bytes_to_proofs, verify_proofs, verify_proofs_batch
-from swarmrl.validator import validate_rollouts
+from swarmrl.validator import Status, ValidatorSettings, judge_file, validate_rollouts
 from swarmrl.validator.prefill import recompute
+
+
+def _thread_counts(text: str) -> list[int]:
+    counts = [int(part) for part in text.split(",")]
+    if not counts or min(counts) < 1 or len(set(counts)) != len(counts):
+        raise argparse.ArgumentTypeError(f"distinct positive thread counts, e.g. 1,2: {text!r}")
+    return counts
 
 
 def main() -> None:
@@ -51,7 +65,11 @@ def main() -> None:
         "--files", type=int, default=6, help="rollout files to generate and validate"
     )
     parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads (the worker's default is 1)"
+        "--threads",
+        type=_thread_counts,
+        default=[1],
+        help="torch thread counts, comma-separated (e.g. 1,2): the validator's throughput is "
+        "measured at each; everything else at the first (the worker's default is 1)",
     )
     parser.add_argument(
         "--model",
@@ -60,7 +78,7 @@ def main() -> None:
         help="model directory [default: a cached 30-step warm start]",
     )
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads[0])
     model_dir = args.model or ensure_default_model(
         Path(tempfile.gettempdir()) / "swarmrl-validator-tests", WarmStartRecipe(steps=30)
     )
@@ -82,7 +100,9 @@ def main() -> None:
         "validate": 0.0,
         "verify_batched": 0.0,
         "verify_per_sample": 0.0,
+        "samples": 0,
     }
+    judged = dict.fromkeys(args.threads, 0.0)  # thread count -> seconds of judge_file
     with tempfile.TemporaryDirectory() as tmp:
         for counter in range(args.files + 1):  # file 0 warms up and is not counted
             plan = assign(
@@ -137,6 +157,18 @@ def main() -> None:
             verdict = validate_rollouts(table, meta, model, tok, cfg)
             validate = time.perf_counter() - start
             assert verdict.status == "accepted", verdict.reason
+            path = Path(tmp) / f"{counter}.parquet"
+            order = args.threads if counter % 2 else args.threads[::-1]
+            seconds = {}
+            for threads in order:
+                torch.set_num_threads(threads)
+                start = time.perf_counter()
+                verdict = judge_file(
+                    path, cfg, lambda _step: (model, tok), ValidatorSettings(), SeenFiles(), task
+                )
+                seconds[threads] = time.perf_counter() - start
+                assert verdict.status == Status.ACCEPTED, verdict.reason
+            torch.set_num_threads(args.threads[0])
             if counter:
                 totals["tokens"] += batch.gen_tokens
                 totals["generate"] += batch.gen_seconds
@@ -146,10 +178,13 @@ def main() -> None:
                 totals["verify_per_sample"] += verify_per_sample
                 totals["prefill"] += prefill
                 totals["validate"] += validate
+                totals["samples"] += len(cols["seed"])
+                for threads, s in seconds.items():
+                    judged[threads] += s
     tokens = totals["tokens"]
     result = {
         "files": args.files,
-        "threads": args.threads,
+        "threads": args.threads[0],
         "completion_tokens": tokens,
         "generation_tok_s": round(tokens / totals["generate"]),
         "proof_share_of_generation": round(totals["proofs"] / totals["generate"], 4),
@@ -165,6 +200,12 @@ def main() -> None:
         "target_speedup": 10.0,
         "target_proof_share": 0.02,
     }
+    first = args.threads[0]
+    for threads, seconds in judged.items():
+        result[f"validator_{threads}t_files_s"] = round(args.files / seconds, 2)
+        result[f"validator_{threads}t_samples_s"] = round(totals["samples"] / seconds, 1)
+        result[f"validator_{threads}t_tok_s"] = round(tokens / seconds)
+        result[f"validator_{threads}t_vs_{first}t"] = round(judged[first] / seconds, 3)
     for key, value in result.items():
         print(f"{key:28s} {value}")
     print(json.dumps(result))

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,10 +34,10 @@ from hypothesis import strategies as st
 from swarmrl.assignment import assign, assign_from_seed
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import RunConfig, load_config
-from swarmrl.inference.rollout import generate_rollouts
-from swarmrl.inference.sampler import SamplingParams
+from swarmrl.inference.rollout import completion_text, generate_rollouts, proof_column
+from swarmrl.inference.sampler import SamplingParams, draw
 from swarmrl.model.build import WarmStartRecipe, ensure_default_model
-from swarmrl.rewards import has_signal
+from swarmrl.rewards import group_advantages, has_signal, score_sample
 from swarmrl.rollouts import (
     COLUMNS,
     SCHEMA,
@@ -44,6 +45,7 @@ from swarmrl.rollouts import (
     RolloutMeta,
     Rollouts,
     SeenFiles,
+    file_hash,
     read_meta,
     write_rollouts,
 )
@@ -53,7 +55,7 @@ from swarmrl.trainer.batches import BatchCollector
 from swarmrl.trainer.rescoring import Rescorer
 from swarmrl.validator import Status, ValidatorSettings, checks, judge_file, validate_file
 from swarmrl.validator import cli as validator_cli
-from swarmrl.validator.prefill import TokenStats
+from swarmrl.validator.prefill import TokenStats, recompute
 from swarmrl.validator.sampling import ReplayResult, replay, sample_uniforms
 from swarmrl.validator.service import read_verdicts
 from swarmrl.validator.verdict import file_seed
@@ -375,15 +377,24 @@ def test_duplicates_count_once(run, tmp_path, capsys):
 
 def test_validator_process_judges_what_the_orchestrator_hands_out(run, tmp_path):
     """The real `swarmrl validator` process against a real orchestrator and a SHARDCAST
-    origin: hostile bytes never get past the upload; of the uploaded files the honest one
-    is accepted and the forged one rejected, both verdicts recorded in the ledger; a
-    restarted validator finds nothing left to judge."""
+    origin: hostile bytes never get past the upload. Of the uploaded files, two replay-slack
+    forgeries (an improbable token, an early EOS; see test_replay_slack_is_rejected_with_
+    one_line_everywhere) and a file with reversed tokens are rejected, and the honest file
+    uploaded after the forgeries is accepted; every verdict is recorded in the ledger, and
+    a restarted validator finds nothing left to judge.
+
+    The trainer's collector cannot replay, so it cannot tell a replay forgery from an
+    honest file: what it relies on is the pool. A file chosen for validation is listed to
+    the trainer only once accepted, so the collector never reads the forged files, reads
+    the honest one after its verdict, and the ledger refuses to mark a rejected file
+    trained; each cheater (one worker per forgery) is ejected."""
     from swarmrl.identity import Identity, generate_key_file
     from swarmrl.ledger import Ledger, Verdict, check_ledger
     from swarmrl.orchestrator import OrchestratorConfig, OrchestratorThread
     from swarmrl.protocol import PoolClient, PoolRefused
     from swarmrl.shardcast.origin import Origin
     from swarmrl.shardcast.server import start_server
+    from swarmrl.trainer.pool_source import PoolRolloutSource
 
     cfg = make_run_dir(run, tmp_path)
     validator_key = generate_key_file(tmp_path / "validator.key")
@@ -400,7 +411,7 @@ def test_validator_process_judges_what_the_orchestrator_hands_out(run, tmp_path)
         prompts_per_assignment=cfg.worker.prompts_per_file,
         group_size=cfg.sampling.group_size,
         validation_fraction=1.0,
-        max_open_per_worker=3,
+        max_open_per_worker=16,
         heartbeat_seconds=120.0,
     )
     origin = Origin(tmp_path / "origin", keep=2)
@@ -412,37 +423,65 @@ def test_validator_process_judges_what_the_orchestrator_hands_out(run, tmp_path)
         trainer = PoolClient(orchestrator.url, trainer_key)
         trainer.register("trainer", url=server.url)
         trainer.announce_checkpoint(0, blake3)
-        worker = PoolClient(orchestrator.url, Identity.generate())
-        worker.register("worker")
-        honest_a, forged_a, hostile_a = (worker.assignment(0).assignment for _ in range(3))
+        # One worker per forgery (a reject ejects its worker and voids its other files), and
+        # an honest one.
+        workers = {}
+        for name in [*REPLAY_FORGERIES, "reversed tokens", "honest"]:
+            workers[name] = PoolClient(orchestrator.url, Identity.generate())
+            workers[name].register("worker")
 
-        def upload(a, cols) -> str:
+        def upload(worker, a, cols) -> str:
             meta = meta_for(run, cols, a.id).model_copy(update={"worker_address": worker.address})
             path = write_rollouts(tmp_path / "outbox" / f"{a.id}.parquet", cols, meta)
             return worker.upload(a.id, path).file_hash
 
-        def columns(a) -> dict:
-            plan = assign_from_seed(
+        def plan_of(a):
+            return assign_from_seed(
                 a.seed,
                 num_problems=run.task.num_train(),
                 prompts=run.cfg.worker.prompts_per_file,
                 group_size=run.cfg.sampling.group_size,
                 target_lengths=run.cfg.task.target_lengths,
             )
+
+        def columns(a) -> dict:
             return generate_rollouts(
-                run.model, run.tok, run.task, plan, run.params, 0, run.cfg.task.length_alpha
+                run.model, run.tok, run.task, plan_of(a), run.params, 0, run.cfg.task.length_alpha
             ).columns
 
-        honest = upload(honest_a, columns(honest_a))
-        forged_cols = copy_cols(columns(forged_a))
-        forged_cols["output_tokens"][3] = list(reversed(forged_cols["output_tokens"][3]))
-        forged = upload(forged_a, forged_cols)
+        # The replay forgeries first, each in the first of its worker's files that allows it.
+        forged: dict[str, str] = {}
+        for kind in REPLAY_FORGERIES:
+            for _ in range(8):
+                a = workers[kind].assignment(0).assignment
+                cols = columns(a)
+                if swap := find_swap(run, cols, kind):
+                    forged[kind] = upload(workers[kind], a, forge(run, cols, plan_of(a), swap))
+                    break
+            assert kind in forged, f"no place to forge {kind} in 8 files"
+        a = workers["honest"].assignment(0).assignment
+        honest = upload(workers["honest"], a, columns(a))
+        cheater = workers["reversed tokens"]
+        a = cheater.assignment(0).assignment
+        reversed_cols = copy_cols(columns(a))
+        row = next(i for i, out in enumerate(reversed_cols["output_tokens"]) if out != out[::-1])
+        reversed_cols["output_tokens"][row] = reversed_cols["output_tokens"][row][::-1]
+        forged["reversed tokens"] = upload(cheater, a, reversed_cols)
         # Hostile bytes are refused at the door: the validator never sees them.
+        hostile_a = cheater.assignment(0).assignment
         bomb = bomb_file(cfg)
         with pytest.raises(PoolRefused) as refused:
-            worker.upload(hostile_a.id, bomb)
+            cheater.upload(hostile_a.id, bomb)
         assert refused.value.status == 422
         trainer.announce_checkpoint(0, blake3, final=True)
+        # Before any verdict the trainer's collector sees none of the files: each is chosen
+        # for validation (fraction 1), and a chosen file waits for its verdict unlisted.
+        source = PoolRolloutSource(
+            trainer, tmp_path / "trainer-inbox", run.task, cfg, run.tok, run.bounds
+        )
+        collector = source.open_step(0)
+        collector.poll()
+        assert collector.processed == [] and collector.groups == []
 
         def validator() -> subprocess.CompletedProcess:
             return subprocess.run(
@@ -467,9 +506,16 @@ def test_validator_process_judges_what_the_orchestrator_hands_out(run, tmp_path)
         done = validator()
         assert done.returncode == 0, done.stderr[-3000:]
         assert "Traceback" not in done.stderr
-        lines = {v["file_hash"]: v for v in read_verdicts(cfg.run_dir)}
+        records = read_verdicts(cfg.run_dir)
+        lines = {v["file_hash"]: v for v in records}
         assert lines[honest]["status"] == "accepted", lines[honest]
-        assert lines[forged]["status"] == "rejected", lines[forged]
+        for kind, file_hash_ in forged.items():
+            assert lines[file_hash_]["status"] == "rejected", (kind, lines[file_hash_])
+        for kind in REPLAY_FORGERIES:
+            assert "sampling" in lines[forged[kind]]["failed_checks"], lines[forged[kind]]
+        # Judged in upload order: the honest file after the forgeries.
+        order = [v["file_hash"] for v in records]
+        assert order.index(honest) > max(order.index(forged[k]) for k in REPLAY_FORGERIES)
         ledger = Ledger(orch.ledger)
         try:
             with ledger.session() as s:
@@ -477,13 +523,28 @@ def test_validator_process_judges_what_the_orchestrator_hands_out(run, tmp_path)
                 assert check_ledger(s) == []
         finally:
             ledger.close()
-        assert recorded[honest].accepted and not recorded[forged].accepted
-        assert recorded[forged].reason.startswith("rejected: ")
-        assert recorded[honest].validator == validator_key.address
+        assert recorded[honest].accepted and recorded[honest].validator == validator_key.address
+        for file_hash_ in forged.values():
+            assert not recorded[file_hash_].accepted
+            assert recorded[file_hash_].reason.startswith("rejected: ")
+
+        # The trainer: only the accepted honest file is ever listed, read and trained.
+        collector.poll()
+        assert collector.processed == [honest] and collector.rejected == []
+        assert set(collector.files_of(collector.take(cfg.trainer.batch_samples))) <= {honest}
+        for file_hash_ in forged.values():
+            with pytest.raises(PoolRefused) as refused:
+                trainer.mark_trained(0, [file_hash_])
+            assert refused.value.status == 409 and "must not be trained" in refused.value.detail
+        # Each cheater is out of the pool.
+        for name in [*REPLAY_FORGERIES, "reversed tokens"]:
+            with pytest.raises(PoolRefused) as refused:
+                workers[name].assignment(0)
+            assert refused.value.status == 403 and "ejected" in refused.value.detail
         # Restarted: nothing pending, nothing judged twice.
         again = validator()
         assert again.returncode == 0, again.stderr[-3000:]
-        assert len(read_verdicts(cfg.run_dir)) == 2
+        assert len(read_verdicts(cfg.run_dir)) == len(forged) + 1
     finally:
         orchestrator.stop()
         server.stop()
@@ -546,6 +607,216 @@ def test_no_replay_slack_for_an_improbable_token():
     assert missed[0].misses == 1
     result = checks.check_termination(rows, [swapped], missed, **common)
     assert not result.passed and "probability 1e-09" in result.failures[0].detail
+
+
+# --- replay slack: an improbable token forged inside the replay's numerical slack ----------
+#
+# The sampler draws token t by inverse CDF over the vocabulary (in id order) with the
+# uniform u_t of the sample's seed. An attacker with the model knows every u_t and every
+# token's CDF interval, so it can look for a token whose interval ends just short of u_t
+# and write that token instead: a token the policy almost never draws (a digit that
+# changes the answer), or an EOS that cuts the completion early. Everything else in the
+# file is then made consistent: the completion after the swap sampled honestly from the
+# seed, logprobs and TOPLOC proofs recomputed from the claimed model, rewards and
+# advantages rescored. Only the replay can tell.
+
+OLD_REPLAY = ValidatorSettings(replay_tolerance=1e-3, replay_floor=0.0)  # the slack once allowed
+
+
+@dataclasses.dataclass(frozen=True)
+class Swap:
+    """Write ``token`` at ``position`` of ``sample``: its CDF interval is ``distance`` away
+    from the seed's uniform, and the policy gives it probability ``prob``."""
+
+    sample: int
+    position: int
+    token: int
+    prob: float
+    distance: float
+
+
+def sampler_distributions(run: Run, prompt: list[int], completion: list[int]):
+    """Per completion token: every token's probability and CDF interval in the sampler's order
+    (``inference.sampler.draw`` without top-p), as the attacker computes them."""
+    assert run.params.top_p == 1.0, "the forgery below assumes no nucleus truncation"
+    with torch.inference_mode():
+        logits = run.model(torch.tensor([prompt + completion[:-1]])).logits[0, len(prompt) - 1 :]
+    probs = torch.log_softmax(logits.float() / run.params.temperature, dim=-1).exp().double()
+    cdf = probs.cumsum(-1)
+    total = cdf[:, -1:]
+    return (probs / total).numpy(), ((cdf - probs) / total).numpy(), (cdf / total).numpy()
+
+
+def find_swap(run: Run, cols: dict, kind: str) -> Swap | None:
+    """The first place in the file where ``kind`` can be forged, or None.
+
+    - "improbable token": a token below the replay floor whose interval lies within the
+      current tolerance of the uniform (so only the floor catches it);
+    - "early EOS": an EOS above the floor but below the 0.1 EOS rule, before the
+      completion's end, whose interval lies between the current and the old tolerance
+      (so only the tightened tolerance catches it).
+    Both keep a margin of 1e-5 to the limits, far above the honest drift (~1e-6).
+    """
+    eos, floor = run.params.eos_token_id, ValidatorSettings().replay_floor
+    for i, (prompt, out, seed) in enumerate(
+        zip(cols["input_tokens"], cols["output_tokens"], cols["seed"], strict=True)
+    ):
+        prob, low, high = sampler_distributions(run, prompt, out)
+        u = sample_uniforms(seed, len(out))
+        for t in range(len(out)):
+            distance = np.maximum(low[t] - u[t], u[t] - high[t])
+            if kind == "improbable token":
+                ok = (prob[t] < floor) & (distance > 1e-5) & (distance < floor - 1e-5)
+                ok[[out[t], eos]] = False
+                if ok.any():
+                    y = int(np.flatnonzero(ok)[np.argmin(prob[t][ok])])
+                    return Swap(i, t, y, float(prob[t, y]), float(distance[y]))
+            elif (
+                t < len(out) - 1
+                and out[t] != eos
+                and floor <= prob[t, eos] < ValidatorSettings().min_eos_prob
+                and 1.1e-4 < distance[eos] < 9.9e-4
+            ):
+                return Swap(i, t, eos, float(prob[t, eos]), float(distance[eos]))
+    return None
+
+
+def forge(run: Run, cols: dict, assignment, swap: Swap) -> dict:
+    """The file with ``swap`` applied and everything else made consistent (see above)."""
+    cols = copy_cols(cols)
+    i, eos, params = swap.sample, run.params.eos_token_id, run.params
+    prompt, seed = cols["input_tokens"][i], cols["seed"][i]
+    out = [*cols["output_tokens"][i][: swap.position], swap.token]
+    u = sample_uniforms(seed, params.max_new_tokens)
+    with torch.inference_mode():
+        while out[-1] != eos and len(out) < params.max_new_tokens:
+            logits = run.model(torch.tensor([prompt + out])).logits[:, -1]
+            token, _ = draw(logits, u[len(out) : len(out) + 1], params.temperature, params.top_p)
+            out.append(int(token[0]))
+    stats = recompute(
+        run.model,
+        [prompt],
+        [out],
+        temperature=params.temperature,
+        top_p=params.top_p,
+        eos_id=eos,
+    )[0]
+    cols["output_tokens"][i] = out
+    cols["output_logprobs"][i] = stats.logprobs.astype(np.float32).tolist()
+    cols["proofs"][i] = proof_column([stats.hidden])[0]
+    # Rescored as an honest worker scores: the sample's reward, then its group's advantages.
+    problems = {p.problem_id: p for p in map(run.task.train_problem, assignment.problem_indices)}
+    reward = score_sample(
+        run.task.score(problems[cols["problem_id"][i]], completion_text(run.tok, out, eos)),
+        cols["target_lengths"][i],
+        len(out),
+        run.cfg.task.length_alpha,
+    )
+    cols["task_rewards"][i] = reward.task_reward
+    cols["length_penalties"][i] = reward.length_penalty
+    cols["rewards"][i] = reward.total
+    g = run.cfg.sampling.group_size
+    head = i - i % g
+    cols["advantages"][head : head + g] = group_advantages(
+        cols["rewards"][head : head + g]
+    ).tolist()
+    return cols
+
+
+# kind -> the setting whose fix catches it (with the old value, the forgery passes)
+REPLAY_FORGERIES = {"improbable token": "replay_floor", "early EOS": "replay_tolerance"}
+
+
+def assert_replay_rejection(line: str, kind: str, swap: Swap) -> None:
+    """One line: rejected, for the forged sample, the replay miss among the failing checks;
+    an early EOS also fails the EOS rule (termination comes first in the check order)."""
+    assert "\n" not in line.rstrip("\n"), line
+    first = "termination" if kind == "early EOS" else "(termination|sampling)"
+    assert re.search(rf"rejected: {first}: sample {swap.sample}: ", line), line
+    assert "sampling" in line, line
+
+
+@pytest.fixture(scope="module")
+def replay_forgeries(run) -> dict[str, tuple[int, Swap, dict]]:
+    """Each kind forged into an honest file of its own assignment (submission counter)."""
+    found: dict[str, tuple[int, Swap, dict]] = {}
+    for counter in range(12):
+        if counter not in run.honest:
+            run.honest[counter] = honest_columns(run, counter)
+        for kind in REPLAY_FORGERIES:
+            if kind not in found and (swap := find_swap(run, run.honest[counter], kind)):
+                found[kind] = (
+                    counter,
+                    swap,
+                    forge(run, run.honest[counter], plan(run, counter), swap),
+                )
+                break  # one forgery per assignment
+        if len(found) == len(REPLAY_FORGERIES):
+            return found
+    pytest.fail(f"no place to forge {set(REPLAY_FORGERIES) - set(found)} in 12 honest files")
+
+
+def test_replay_slack_is_rejected_with_one_line_everywhere(run, replay_forgeries, tmp_path, capsys):
+    """An improbable token swapped in inside the replay's numerical slack (issue: a worker
+    could do so about once per file). Both forgeries passed the old slack (1e-3, no floor);
+    the improbable token is caught only by the floor, the early EOS by the tighter
+    tolerance.
+
+    - `swarmrl validate`: exit 1, one line naming the check and the sample.
+    - The validator process's judging: rejected, the same checks.
+    - The trainer's collector cannot tell: it does not replay (no seed uniforms, no
+      per-token distributions), and the forged file is schema-valid, within bounds and
+      correctly scored, so it reads it as usable. What keeps such a file out of training
+      is the pool: a file chosen for validation is listed to the trainer only once
+      accepted (test_validator_process_judges_what_the_orchestrator_hands_out); a file
+      not chosen is trained unchecked, which is the exposure docs/validator.md measures.
+    """
+    cfg = make_run_dir(run, tmp_path)
+    claimed = cfg.folder.checkpoints / step_name(0)
+    paths = {}
+    for kind, (counter, swap, cols) in replay_forgeries.items():
+        path = write(cfg, f"{kind.replace(' ', '-')}.parquet", cols, meta_for(run, cols, counter))
+        paths[kind] = path
+        # The forgery is real: the old slack accepted it.
+        assert validate_file(path, model_dir=claimed, settings=OLD_REPLAY).status == (
+            Status.ACCEPTED
+        ), swap
+        fix = REPLAY_FORGERIES[kind]
+        # Each of the two fixes is needed: without it this forgery passes.
+        without_fix = ValidatorSettings().model_copy(update={fix: getattr(OLD_REPLAY, fix)})
+        assert validate_file(path, model_dir=claimed, settings=without_fix).status == (
+            Status.ACCEPTED
+        ), swap
+        verdict = service_verdict(run, cfg, path)
+        assert verdict.status == Status.REJECTED, verdict.reason
+        assert_replay_rejection(verdict.reason, kind, swap)
+        miss = next(f for f in verdict.failures if f.check == "sampling")
+        assert miss.sample == swap.sample
+        assert miss.detail.startswith(
+            f"1 tokens not drawn by the seed's inverse-CDF replay (first at token {swap.position},"
+        ), miss.detail
+    # `swarmrl validate`: the command's own parsing and output for each file, and the real
+    # command in a fresh process for one (a Python start costs seconds on a busy machine).
+    lines = {}
+    for kind, path in paths.items():
+        code, lines[kind], err = run_cli(["validate", str(path)], capsys)
+        assert code == 1 and err == "", err
+        assert lines[kind].count("\n") == 1 and lines[kind].startswith(f"{path}: "), lines[kind]
+        assert_replay_rejection(lines[kind], kind, replay_forgeries[kind][1])
+    done = subprocess.run(
+        [sys.executable, "-m", "swarmrl", "validate", str(paths["early EOS"])],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    assert done.stdout == lines["early EOS"], done.stdout
+    # The trainer's collector reads both as usable: it cannot replay (see the docstring).
+    collector = collect(run, cfg)
+    assert collector.rejected == []
+    assert set(collector.counted.by_hash) == {file_hash(p) for p in paths.values()}
+    assert len(collector.all_rewards) == 2 * len(run.honest[0]["rewards"])
 
 
 # --- property test: random mutations of honest files -----------------------------------------
