@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from sqlalchemy import select
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from swarmrl.backoff import backoff_delay
@@ -27,12 +28,22 @@ from swarmrl.config import (
     run_differences,
 )
 from swarmrl.display import StepDisplay, eta_seconds, metrics_line
+from swarmrl.ledger import Ledger, check_ledger
+from swarmrl.ledger.models import Contribution, Submission
+from swarmrl.model.build import ensure_default_model
 from swarmrl.model.tokenizer import build_char_tokenizer
 from swarmrl.protocol.models import StepStatus
-from swarmrl.run import SwarmError, check_model_dir, prepare_folder, wait_report
+from swarmrl.run import (
+    SwarmError,
+    check_model_dir,
+    ledger_url,
+    prepare_folder,
+    wait_report,
+)
 from swarmrl.runfolder import RunFolder
 from swarmrl.supervisor import Role, Supervisor
 from swarmrl.trainer.metrics import StepMetrics, read_metrics
+from swarmrl.validator.service import read_verdicts
 
 
 def _swarmrl(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
@@ -452,19 +463,46 @@ def _wait_for(what: str, ready, run: subprocess.Popen, timeout: float = 300) -> 
         time.sleep(0.2)
 
 
+# The chaos run: the embedded default model with every setting at its default except a
+# shorter run (CHAOS_STEPS of the default 50 steps, half the held-out split). Measured
+# 2026-12-01 on the loaded 2-core reference machine, this run with its five kills gained
+# GAINS_MEASURED points of held-out accuracy; the default 50-step run gains +44.
+CHAOS_STEPS = 10
+CHAOS_MIN_GAIN = 0.15
+CHAOS_KILLS = ("worker-0", "relay-0", "validator", "orchestrator", "trainer")
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """The embedded default model from the cache `swarmrl run` itself uses
+    ($SWARMRL_CACHE or ~/.cache/swarmrl); built there on first use (about 2 min on an
+    idle 2-core machine), then free."""
+    return ensure_default_model()
+
+
+def _ledger_rows(folder: RunFolder) -> tuple[list[str], list[Submission], list[Contribution]]:
+    ledger = Ledger(ledger_url(folder))
+    try:
+        with ledger.session() as session:
+            return (
+                check_ledger(session),
+                list(session.scalars(select(Submission))),
+                list(session.scalars(select(Contribution))),
+            )
+    finally:
+        ledger.close()
+
+
 @pytest.mark.slow
-def test_chaos_kill_each_role_in_turn_and_the_run_completes(tmp_path, warm_model_dir):
+def test_chaos_kill_each_role_in_turn_and_the_run_still_learns(tmp_path, default_model_dir):
     """kill -9 a worker, the relay, the validator, the orchestrator and the trainer, one
     after the other, each once the run has trained a step since the previous restart.
-    The run finishes by itself, counts the five restarts, keeps a consistent ledger, trains every step exactly once and evaluates
-    the final checkpoint; nothing a killed process started outlives it.
-
-    Learning is not asserted here: the test model (a 150-step warm start, held-out
-    accuracy 0.0) does not move within a run this short. The same kills in a default
-    run are measured by benchmarks/bench_faults.py (docs/operations.md)."""
+    The run finishes by itself and learns; its summary counts the five restarts; each
+    step is trained once; the ledger is consistent, every accepted file is credited once,
+    every verdict the validator wrote down is in it, and every trained file is recorded
+    once, in its own step; nothing a killed process started outlives it."""
     out = tmp_path / "outputs"
     folder = RunFolder(out / "c")
-    steps = 12
     run = subprocess.Popen(
         [
             sys.executable,
@@ -472,23 +510,16 @@ def test_chaos_kill_each_role_in_turn_and_the_run_completes(tmp_path, warm_model
             "swarmrl",
             "run",
             "--model.path",
-            str(warm_model_dir),
+            str(default_model_dir),
             "--output_dir",
             str(out),
             "--run_name",
             "c",
             "--trainer.steps",
-            str(steps),
-            "--trainer.batch_samples",
-            "32",
-            "--worker.prompts_per_file",
-            "4",
-            "--sampling.group_size",
-            "4",
+            str(CHAOS_STEPS),
             "--task.eval_size",
-            "32",
-            "--eval_before",
-            "false",
+            "128",
+            # More files judged than the default 0.1, so the validator's kill lands mid-work.
             "--validator.fraction",
             "0.25",
             "--supervision.backoff_seconds",
@@ -512,7 +543,7 @@ def test_chaos_kill_each_role_in_turn_and_the_run_completes(tmp_path, warm_model
         return len(read_metrics(folder.metrics))
 
     try:
-        for role in ("worker-0", "relay-0", "validator", "orchestrator", "trainer"):
+        for role in CHAOS_KILLS:
             done = trained()
             _wait_for(f"a step before killing {role}", lambda d=done: trained() > d, run)
             victim = pids()[role]["pid"]
@@ -535,7 +566,7 @@ def test_chaos_kill_each_role_in_turn_and_the_run_completes(tmp_path, warm_model
                 run.kill()
                 run.wait()
     assert run.returncode == 0, stderr[-3000:]
-    for role in ("worker-0", "relay-0", "validator", "orchestrator", "trainer"):
+    for role in CHAOS_KILLS:
         assert f"{role} was killed by SIGKILL; restarting it" in stderr
     summary = json.loads(folder.summary.read_text())
     assert summary["restarts"] == {
@@ -546,13 +577,40 @@ def test_chaos_kill_each_role_in_turn_and_the_run_completes(tmp_path, warm_model
         "validator": 1,
         "orchestrator": 1,
     }
-    assert summary["restarts_total"] == 5 and summary["final_step"] == steps
-    # The orchestrator's restart lost nothing and counted nothing twice.
-    assert summary["ledger_problems"] == []
+    assert summary["restarts_total"] == 5 and summary["final_step"] == CHAOS_STEPS
+    gain = summary["accuracy_after"] - summary["accuracy_before"]
+    assert summary["eval_problems"] == 128 and gain >= CHAOS_MIN_GAIN, summary
+
     records = read_metrics(folder.metrics)
-    assert [r.step for r in records] == list(range(steps))  # contiguous, none twice
+    assert [r.step for r in records] == list(range(CHAOS_STEPS))  # contiguous, none twice
     assert (folder.log("trainer")).read_text().count("resuming run c at step ") == 1
-    assert summary["accuracy_after"] is not None and summary["length_error_after"] is not None
+
+    problems, submissions, credits = _ledger_rows(folder)
+    assert problems == [] and summary["ledger_problems"] == []
+    # No accepted work lost or counted twice: each accepted file credited once, in full.
+    accepted = sorted(
+        (s.file_hash, s.worker, s.num_samples) for s in submissions if s.state == "accepted"
+    )
+    assert sorted((c.file_hash, c.worker, c.samples) for c in credits) == accepted
+    # Every verdict the validator wrote down reached the ledger, each file judged once;
+    # the workers are honest, so none is rejected.
+    judged = [v for v in read_verdicts(folder.root) if v["status"] != "skipped"]
+    assert judged and {v["status"] for v in judged} == {"accepted"}
+    assert len({v["file_hash"] for v in judged}) == len(judged)
+    assert {v["file_hash"] for v in judged} <= {a[0] for a in accepted}
+    # Every trained file is recorded once, in its own step; each step's trained files
+    # hold the samples it trained on and no more than it read.
+    trained_files = [s for s in submissions if s.trained_step is not None]
+    assert summary["files_trained"] == len(trained_files)
+    assert all(s.trained_step == s.step for s in trained_files)
+    for r in records:
+        recorded = sum(s.num_samples for s in trained_files if s.trained_step == r.step)
+        assert r.samples <= recorded <= r.samples_read, (
+            r.step,
+            r.samples,
+            recorded,
+            r.samples_read,
+        )
 
 
 @pytest.mark.slow
