@@ -1,15 +1,16 @@
-"""Fault figures: kill -9 each role of a default `swarmrl run` in turn and measure recovery.
+"""Fault figures: kill -9 each process of a default `swarmrl run` in turn and measure recovery.
 
     python benchmarks/bench_faults.py [--steps 50] [--out /tmp/faults] [run flags ...]
 
 Starts a default run (the embedded model, every other setting at its default; any
 further `swarmrl run` flags, e.g. `--model.path DIR --trainer.batch_samples 32`, are
-passed on), and each
-time the trainer has finished a step since the last recovery, sends SIGKILL to the next
-role: worker-0, relay-0, validator, trainer. For each kill it records the seconds until
-`swarmrl run` had restarted the process (from `processes.json`) and until the trainer
-finished its next step; at the end, whether the run completed by itself, its held-out
-accuracy before and after, and the restarts its summary counts. Prints one JSON object.
+passed on), and each time the trainer has finished a step since the last recovery,
+sends SIGKILL to the next process of the pool: worker-0, relay-0, the validator, the
+orchestrator, the trainer. For each kill it records the seconds until `swarmrl run` had
+restarted the process (from `processes.json`) and until the trainer finished its next
+step; at the end, whether the run completed by itself, its held-out accuracy before and
+after, the restarts its summary counts, whether every step was trained exactly once, and
+the ledger's consistency problems. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 from swarmrl.runfolder import RunFolder
 from swarmrl.trainer.metrics import read_metrics
 
-ROLES = ("worker-0", "relay-0", "validator", "trainer")
+ROLES = ("worker-0", "relay-0", "validator", "orchestrator", "trainer")
 
 
 def _wait(ready, run: subprocess.Popen, timeout: float) -> float:
@@ -113,7 +114,12 @@ def main() -> None:
                 "length_error_before": summary.get("length_error_before"),
                 "length_error_after": summary.get("length_error_after"),
                 "restarts": summary.get("restarts"),
-                "steps": [r.step for r in read_metrics(folder.metrics)] == list(range(args.steps)),
+                "each_step_once": [r.step for r in read_metrics(folder.metrics)]
+                == list(range(args.steps)),
+                "ledger_problems": summary.get("ledger_problems"),
+                "files_uploaded": summary.get("files_uploaded"),
+                "files_trained": summary.get("files_trained"),
+                "validation": summary.get("validation"),
                 "wall_seconds": summary.get("wall_seconds"),
                 "run_log": str(out / "run.log"),
             },

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from sqlalchemy import select
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from swarmrl.backoff import backoff_delay
@@ -27,12 +28,22 @@ from swarmrl.config import (
     run_differences,
 )
 from swarmrl.display import StepDisplay, eta_seconds, metrics_line
+from swarmrl.ledger import Ledger, check_ledger
+from swarmrl.ledger.models import Contribution, Submission
+from swarmrl.model.build import ensure_default_model
 from swarmrl.model.tokenizer import build_char_tokenizer
 from swarmrl.protocol.models import StepStatus
-from swarmrl.run import SwarmError, check_model_dir, prepare_folder, wait_report
+from swarmrl.run import (
+    SwarmError,
+    check_model_dir,
+    ledger_url,
+    prepare_folder,
+    wait_report,
+)
 from swarmrl.runfolder import RunFolder
 from swarmrl.supervisor import Role, Supervisor
 from swarmrl.trainer.metrics import StepMetrics, read_metrics
+from swarmrl.validator.service import read_verdicts
 
 
 def _swarmrl(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
@@ -452,19 +463,57 @@ def _wait_for(what: str, ready, run: subprocess.Popen, timeout: float = 300) -> 
         time.sleep(0.2)
 
 
+# The chaos run: the embedded default model, every setting at its default except a
+# shorter run (CHAOS_STEPS of the default 50 steps) and half the held-out split. Ten
+# steps of this tiny model are noisy: the training batches' accuracy can dip by 0.2-0.3
+# for a few steps and recover, and the held-out accuracy of the final checkpoint follows.
+# Measured 2026-12-01 over six runs with the five kills on the loaded 2-core reference
+# machine: the training batches' accuracy (task reward, mean of the last three steps
+# over the first two) rose by +30 to +54 points (0.39, 0.54, 0.42, 0.40, 0.46, 0.30);
+# the held-out accuracy by +2 to +45 (0.102, 0.414, 0.445, 0.328, 0.273, 0.016). So
+# the test asserts the rise on the training batches, and of the held-out accuracy only
+# that the final checkpoint is no worse than the start beyond the evaluation's noise
+# (a checkpoint broken by a restart falls far below it). The default 50-step run's
+# held-out gain under the same kills is measured by benchmarks/bench_faults.py
+# (docs/operations.md: +44.5 points).
+CHAOS_STEPS = 10
+CHAOS_MIN_RISE = 0.2
+CHAOS_MIN_HELD_OUT_GAIN = -0.1
+CHAOS_KILLS = ("worker-0", "relay-0", "validator", "orchestrator", "trainer")
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """The embedded default model from the cache `swarmrl run` itself uses
+    ($SWARMRL_CACHE or ~/.cache/swarmrl); built there on first use (about 2 min on an
+    idle 2-core machine), then free."""
+    return ensure_default_model()
+
+
+def _ledger_rows(folder: RunFolder) -> tuple[list[str], list[Submission], list[Contribution]]:
+    ledger = Ledger(ledger_url(folder))
+    try:
+        with ledger.session() as session:
+            return (
+                check_ledger(session),
+                list(session.scalars(select(Submission))),
+                list(session.scalars(select(Contribution))),
+            )
+    finally:
+        ledger.close()
+
+
 @pytest.mark.slow
-def test_chaos_kill_each_role_in_turn_and_the_run_completes(tmp_path, warm_model_dir):
+def test_chaos_kill_each_role_in_turn_and_the_run_still_learns(tmp_path, default_model_dir):
     """kill -9 a worker, the relay, the validator, the orchestrator and the trainer, one
     after the other, each once the run has trained a step since the previous restart.
-    The run finishes by itself, counts the five restarts, keeps a consistent ledger, trains every step exactly once and evaluates
-    the final checkpoint; nothing a killed process started outlives it.
-
-    Learning is not asserted here: the test model (a 150-step warm start, held-out
-    accuracy 0.0) does not move within a run this short. The same kills in a default
-    run are measured by benchmarks/bench_faults.py (docs/operations.md)."""
+    The run finishes by itself and learns (see CHAOS_MIN_RISE); its summary counts the
+    five restarts; each step is trained once; the ledger is consistent, every accepted
+    file is credited once, every verdict the validator wrote down is in it, and every
+    trained file is recorded once, in its own step; nothing a killed process started
+    outlives it."""
     out = tmp_path / "outputs"
     folder = RunFolder(out / "c")
-    steps = 12
     run = subprocess.Popen(
         [
             sys.executable,
@@ -472,23 +521,16 @@ def test_chaos_kill_each_role_in_turn_and_the_run_completes(tmp_path, warm_model
             "swarmrl",
             "run",
             "--model.path",
-            str(warm_model_dir),
+            str(default_model_dir),
             "--output_dir",
             str(out),
             "--run_name",
             "c",
             "--trainer.steps",
-            str(steps),
-            "--trainer.batch_samples",
-            "32",
-            "--worker.prompts_per_file",
-            "4",
-            "--sampling.group_size",
-            "4",
+            str(CHAOS_STEPS),
             "--task.eval_size",
-            "32",
-            "--eval_before",
-            "false",
+            "128",
+            # More files judged than the default 0.1, so the validator's kill lands mid-work.
             "--validator.fraction",
             "0.25",
             "--supervision.backoff_seconds",
@@ -512,7 +554,7 @@ def test_chaos_kill_each_role_in_turn_and_the_run_completes(tmp_path, warm_model
         return len(read_metrics(folder.metrics))
 
     try:
-        for role in ("worker-0", "relay-0", "validator", "orchestrator", "trainer"):
+        for role in CHAOS_KILLS:
             done = trained()
             _wait_for(f"a step before killing {role}", lambda d=done: trained() > d, run)
             victim = pids()[role]["pid"]
@@ -535,7 +577,7 @@ def test_chaos_kill_each_role_in_turn_and_the_run_completes(tmp_path, warm_model
                 run.kill()
                 run.wait()
     assert run.returncode == 0, stderr[-3000:]
-    for role in ("worker-0", "relay-0", "validator", "orchestrator", "trainer"):
+    for role in CHAOS_KILLS:
         assert f"{role} was killed by SIGKILL; restarting it" in stderr
     summary = json.loads(folder.summary.read_text())
     assert summary["restarts"] == {
@@ -546,13 +588,46 @@ def test_chaos_kill_each_role_in_turn_and_the_run_completes(tmp_path, warm_model
         "validator": 1,
         "orchestrator": 1,
     }
-    assert summary["restarts_total"] == 5 and summary["final_step"] == steps
-    # The orchestrator's restart lost nothing and counted nothing twice.
-    assert summary["ledger_problems"] == []
+    assert summary["restarts_total"] == 5 and summary["final_step"] == CHAOS_STEPS
     records = read_metrics(folder.metrics)
-    assert [r.step for r in records] == list(range(steps))  # contiguous, none twice
+    assert [r.step for r in records] == list(range(CHAOS_STEPS))  # contiguous, none twice
+    # It learned on the problems it trained on, and its final checkpoint is sound.
+    rewards = [r.task_reward for r in records]
+    rise = sum(rewards[-3:]) / 3 - sum(rewards[:2]) / 2
+    assert rise >= CHAOS_MIN_RISE, rewards
+    gain = summary["accuracy_after"] - summary["accuracy_before"]
+    assert summary["eval_problems"] == 128 and gain >= CHAOS_MIN_HELD_OUT_GAIN, summary
     assert (folder.log("trainer")).read_text().count("resuming run c at step ") == 1
-    assert summary["accuracy_after"] is not None and summary["length_error_after"] is not None
+
+    problems, submissions, credits = _ledger_rows(folder)
+    assert problems == [] and summary["ledger_problems"] == []
+    # No accepted work lost or counted twice: each accepted file is credited once, in
+    # full, to its worker; nothing is credited that was neither accepted nor trained.
+    by_hash = {s.file_hash: s for s in submissions}
+    credited = {c.file_hash: (c.worker, c.samples) for c in credits}
+    accepted = {s.file_hash for s in submissions if s.state == "accepted"}
+    assert len(credited) == len(credits)
+    assert all(credited.get(h) == (by_hash[h].worker, by_hash[h].num_samples) for h in accepted)
+    assert all(h in accepted or by_hash[h].trained_step is not None for h in credited)
+    # Every verdict the validator wrote down reached the ledger, each file judged once;
+    # the workers are honest, so none is rejected.
+    judged = [v for v in read_verdicts(folder.root) if v["status"] != "skipped"]
+    assert judged and {v["status"] for v in judged} == {"accepted"}
+    assert len({v["file_hash"] for v in judged}) == len(judged)
+    assert {v["file_hash"] for v in judged} <= accepted
+    # Every trained file is recorded once, in its own step; each step's trained files
+    # hold the samples it trained on and no more than it read.
+    trained_files = [s for s in submissions if s.trained_step is not None]
+    assert summary["files_trained"] == len(trained_files)
+    assert all(s.trained_step == s.step for s in trained_files)
+    for r in records:
+        recorded = sum(s.num_samples for s in trained_files if s.trained_step == r.step)
+        assert r.samples <= recorded <= r.samples_read, (
+            r.step,
+            r.samples,
+            recorded,
+            r.samples_read,
+        )
 
 
 @pytest.mark.slow
