@@ -85,7 +85,7 @@ def _worker(args: argparse.Namespace) -> int:
             behaviour(args.adversary, identity.address, args.copy_from),
         )
     except (KeyFileError, PoolRefused) as exc:
-        if ejected(exc):
+        if isinstance(exc, PoolRefused) and ejected(exc):
             print(f"swarmrl worker: ejected by the pool, stopping: {exc.detail}", file=sys.stderr)
             return EXIT_EJECTED
         print(f"swarmrl worker: {exc}", file=sys.stderr)
