@@ -56,7 +56,7 @@ def _swarmrl(*args: str, **kw) -> subprocess.CompletedProcess:
 # (trainer, validator, relays, orchestrator); a worker writes only in its own folder.
 RUN_FOLDER_LAYOUT = re.compile(
     r"^(config\.json|summary\.json|metrics\.jsonl|trainer_status\.json|trainer_done\.json"
-    r"|processes\.json|checkpoints/.+|orchestrator/.+|keys/(trainer|validator|relay-\d+)\.key"
+    r"|processes\.json|checkpoints/.+|orchestrator/.+|keys/(owner|trainer|validator|relay-\d+)\.key"
     r"|trainer/.+|validator/.+|logs/[\w-]+\.log|shardcast/(origin|relay-\d+)/.+)$"
 )
 
