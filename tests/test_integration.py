@@ -18,9 +18,11 @@ from sqlalchemy import select
 from swarmrl.assignment import assign_from_seed
 from swarmrl.checkpoints import list_checkpoints, load_policy
 from swarmrl.config import load_config
+from swarmrl.identity import load_identity
 from swarmrl.inference.rollout import completion_text
 from swarmrl.ledger import Ledger, check_ledger
 from swarmrl.ledger.models import Assignment, Submission
+from swarmrl.protocol.funding import fund_workers, owner_key
 from swarmrl.rewards import group_advantages, score_sample
 from swarmrl.rollouts import read_rollouts
 from swarmrl.run import free_port, orchestrator_role, pool_roles, pool_status, prepare_pool
@@ -232,6 +234,10 @@ def test_killed_trainer_resumes_from_its_checkpoint(tmp_path, warm_model_dir):
         while pool_status(url) is None:
             assert time.time() < deadline, (tmp_path / "orchestrator.log").read_text()[-2000:]
             time.sleep(0.2)
+        # The pool owner funds the worker's stake, as an operator would before it registers.
+        fund_workers(
+            url, owner_key(run.key("owner")), [load_identity(keys["worker-0"])], cfg.pool.stake
+        )
         worker = _spawn(worker_role.args, tmp_path / "worker.log")
         trainer = _spawn(trainer_cmd, tmp_path / "trainer1.log")
         deadline = time.time() + 300
