@@ -363,6 +363,7 @@ class _Pool:
                 async_level=1,
                 max_open_per_worker=4,
                 heartbeat_seconds=120.0,
+                validation_fraction=0.0,  # no validator here: a chosen file would wait forever
             )
         )
         self.server.start()
