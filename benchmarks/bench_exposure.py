@@ -52,6 +52,7 @@ import json
 import logging
 import math
 import os
+import secrets
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -62,6 +63,7 @@ from sqlalchemy import select, update
 
 from swarmrl.identity import Identity
 from swarmrl.ledger import Ledger, Member, Submission, check_ledger
+from swarmrl.orchestrator.auth import Caller
 from swarmrl.orchestrator.config import OrchestratorConfig
 from swarmrl.orchestrator.issuance import chosen_for_validation
 from swarmrl.orchestrator.pool import Pool, Refusal, UploadedFile
@@ -136,6 +138,17 @@ class Cheater:
     caught_at: int | None = None  # step of the verdict that caught it
 
 
+def caller(address: str) -> Caller:
+    """The Pool driven in-process: each act as if signed by `address`, with a fresh nonce."""
+    return Caller(
+        address=address,
+        nonce=secrets.token_hex(16),
+        timestamp=int(time.time()),
+        signed_text="",
+        signature="",
+    )
+
+
 def rollout_file(path: Path, worker: str, a: api.AssignmentInfo) -> Path:
     n = a.prompts * a.group_size
     columns = {
@@ -195,11 +208,11 @@ class Simulation:
             {self.trainer: {"trainer"}, self.validator: {"validator"}},
             clock=lambda: self.clock,
         )
-        self.pool.register(self.trainer, api.RegisterRequest(role="trainer"))
-        self.pool.register(self.validator, api.RegisterRequest(role="validator"))
+        self.pool.register(caller(self.trainer), api.RegisterRequest(role="trainer"))
+        self.pool.register(caller(self.validator), api.RegisterRequest(role="validator"))
         self.cheaters = [Cheater(Identity.generate().address) for _ in range(cheaters)]
         for c in self.cheaters:
-            self.pool.register(c.address, api.RegisterRequest(role="worker"))
+            self.pool.register(caller(c.address), api.RegisterRequest(role="worker"))
         self.by_address = {c.address: c for c in self.cheaters}
         # rule -> what was seen: True where the Pool applied it, False where the driver had to
         self.enforced: dict[str, set[bool]] = {}
@@ -209,7 +222,9 @@ class Simulation:
         self.uploads = 0
 
     def _upload(self, c: Cheater, step: int) -> None:
-        answer = self.pool.request_assignment(c.address, api.AssignmentRequest(policy_step=step))
+        answer = self.pool.request_assignment(
+            caller(c.address), api.AssignmentRequest(policy_step=step)
+        )
         a = answer.assignment
         assert a is not None and a.step == step, answer.reason
         path = rollout_file(self.root / "outbox" / f"{a.id}.parquet", c.address, a)
@@ -252,15 +267,13 @@ class Simulation:
             accepted = file_hash in c.honest
             try:
                 self.pool.record_verdict(
-                    self.validator,
+                    caller(self.validator),
                     api.VerdictRequest(
                         file_hash=file_hash,
                         accepted=accepted,
                         reason="" if accepted else "rejected: sampling: simulated cheat",
                     ),
                     body="",
-                    signed_text="",
-                    signature="",
                 )
             except Refusal as exc:
                 if exc.status != 409:  # voided meanwhile by the Pool
@@ -285,7 +298,7 @@ class Simulation:
                 self.ejected_by_driver.add(worker)
 
     def _train(self, step: int) -> None:
-        listed = self.pool.submissions_for_step(self.trainer, step).submissions
+        listed = self.pool.submissions_for_step(caller(self.trainer), step).submissions
         with self.pool.ledger.session() as s:
             chosen = dict(
                 s.execute(
@@ -305,7 +318,7 @@ class Simulation:
         ]
         if trainable:
             self.pool.mark_trained(
-                self.trainer, api.MarkTrainedRequest(step=step, file_hashes=trainable)
+                caller(self.trainer), api.MarkTrainedRequest(step=step, file_hashes=trainable)
             )
 
     def run(self, max_steps: int) -> dict:
@@ -313,7 +326,7 @@ class Simulation:
         for step in range(max_steps):
             self.clock = float(step)
             self.pool.announce_checkpoint(
-                self.trainer, api.CheckpointAnnouncement(step=step, blake3=blake3)
+                caller(self.trainer), api.CheckpointAnnouncement(step=step, blake3=blake3)
             )
             for c in self.cheaters:
                 if c.caught_at is None:

@@ -15,6 +15,7 @@ from sqlalchemy import (
     CheckConstraint,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -139,6 +140,9 @@ class Submission(Base):
     __table_args__ = (
         CheckConstraint(_one_of("state", SUBMISSION_STATES), name="ck_submissions_state"),
         UniqueConstraint("assignment_id", name="uq_submissions_assignment"),
+        # A step's live claims (the orchestrator sums them on every assignment and upload),
+        # answered from the index alone.
+        Index("ix_submissions_step_claims", "step", "state", "counted", "num_nonzero"),
     )
 
     file_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -153,7 +157,7 @@ class Submission(Base):
     state: Mapped[str] = mapped_column(String(16), index=True)
     to_validate: Mapped[bool] = mapped_column(Boolean)
     validation_claimed_at: Mapped[float | None] = mapped_column(Float)
-    uploaded_at: Mapped[float] = mapped_column(Float)
+    uploaded_at: Mapped[float] = mapped_column(Float, index=True)
     trained_step: Mapped[int | None] = mapped_column(Integer)
     trained_at: Mapped[float | None] = mapped_column(Float)
     # The trainer has read this file and its samples are in the step's trainer count.

@@ -37,9 +37,13 @@ log = logging.getLogger("swarmrl.orchestrator")
 
 MAX_JSON_BYTES = 1 << 20
 HASH = r"^[0-9a-f]{64}$"
+# FastAPI answers 400 for a JSON body that is not UTF-8; `invalid` answers 422 in one
+# line (not FastAPI's default list of errors).
 ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": api.Problem, "description": "the body is not UTF-8"},
     401: {"model": api.Problem, "description": "bad signature, timestamp or nonce"},
     403: {"model": api.Problem, "description": "unregistered sender or wrong role"},
+    422: {"model": api.Problem, "description": "a malformed parameter or body"},
     429: {"model": api.Problem, "description": "over the sender's rate limit"},
 }
 
@@ -114,10 +118,9 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
         load_or_create_secret(Path(config.secret_file)),
         read_allowlist(config.allowlist),
         clock=clock,
+        limiter=RateLimiter(config.rate_per_second, config.rate_burst),
     )
-    verifier = RequestVerifier(
-        pool, config.timestamp_window, RateLimiter(config.rate_per_second, config.rate_burst)
-    )
+    verifier = RequestVerifier(config.timestamp_window)
     spool = tempfile.TemporaryDirectory(prefix="swarmrl-uploads-")
 
     @contextlib.asynccontextmanager
@@ -166,13 +169,11 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
         return JSONResponse({"detail": problems}, status_code=422)
 
     async def signed(request: Request) -> Caller:
+        # On the event loop: the checks need no ledger (a fraction of a millisecond), and a
+        # thread hand-off would cost more than they do. The route's act spends the nonce.
         body = await request.body()
-        return await run_in_threadpool(
-            verifier.verify,
-            request.method,
-            signed_path(request),
-            request.headers,
-            body_digest(body),
+        return verifier.verify(
+            request.method, signed_path(request), request.headers, body_digest(body)
         )
 
     Signed = Annotated[Caller, Depends(signed)]
@@ -188,26 +189,27 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
         responses={
             **ERRORS,
             402: {"model": api.Problem, "description": "balance short of the worker stake"},
+            409: {"model": api.Problem, "description": "registered in another role"},
         },
         tags=["members"],
     )
     def register(req: api.RegisterRequest, caller: Signed) -> api.Member:
         """Join the pool: workers by signature; trainer, validators and relays by allowlist."""
-        return pool.register(caller.address, req)
+        return pool.register(caller, req)
 
     @app.post(
         "/v1/heartbeat", response_model=api.HeartbeatResponse, responses=ERRORS, tags=["members"]
     )
     def heartbeat(req: api.HeartbeatRequest, caller: Signed) -> api.HeartbeatResponse:
         """Alive: answers the current step, async bound, newest checkpoint and relays."""
-        return pool.heartbeat(caller.address, req)
+        return pool.heartbeat(caller, req)
 
     @app.post(
         "/v1/assignments", response_model=api.AssignmentResponse, responses=ERRORS, tags=["workers"]
     )
     def assignment(req: api.AssignmentRequest, caller: Signed) -> api.AssignmentResponse:
         """Ask for work: an assignment (id, step, seed) if a step still needs samples."""
-        return pool.request_assignment(caller.address, req)
+        return pool.request_assignment(caller, req)
 
     @app.put(
         "/v1/assignments/{assignment_id}/rollout",
@@ -240,10 +242,8 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
         sha256: Annotated[str, Query(pattern=HASH, description="SHA-256 hex of the file (signed)")],
     ) -> api.SubmissionInfo:
         """Upload the rollout file of an open assignment (raw bytes, streamed)."""
-        caller = await run_in_threadpool(
-            verifier.verify, request.method, signed_path(request), request.headers, sha256
-        )
-        await run_in_threadpool(pool.check_upload_target, caller.address, assignment_id)
+        caller = verifier.verify(request.method, signed_path(request), request.headers, sha256)
+        await run_in_threadpool(pool.check_upload_target, caller, assignment_id)
         limit = config.max_upload_bytes
         fd, tmp = tempfile.mkstemp(dir=spool.name, suffix=".parquet")
         try:
@@ -279,19 +279,23 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
         step: Annotated[int, PathParam(ge=0, le=10**9)], caller: Signed
     ) -> api.SubmissionList:
         """The usable (not rejected, not voided) submissions of a step."""
-        return pool.submissions_for_step(caller.address, step)
+        return pool.submissions_for_step(caller, step)
 
     @app.get(
         "/v1/submissions/{file_hash}/file",
         response_class=StreamingResponse,
-        responses={**ERRORS, 200: {"content": {"application/octet-stream": {}}}},
+        responses={
+            **ERRORS,
+            200: {"content": {"application/octet-stream": {}}},
+            404: {"model": api.Problem, "description": "no such submission"},
+        },
         tags=["trainer"],
     )
     def download(
         file_hash: Annotated[str, PathParam(pattern=HASH)], caller: Signed
     ) -> StreamingResponse:
         """A submitted rollout file (trainer and validators)."""
-        name, size = pool.stored_file(caller.address, file_hash)
+        name, size = pool.stored_file(caller, file_hash)
         fh = store.open(name)
 
         def chunks():
@@ -308,12 +312,16 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
     @app.post(
         "/v1/submissions/trained",
         response_model=api.MarkTrainedResponse,
-        responses=ERRORS,
+        responses={
+            **ERRORS,
+            404: {"model": api.Problem, "description": "a named file is no submission"},
+            409: {"model": api.Problem, "description": "a named file must not be trained"},
+        },
         tags=["trainer"],
     )
     def trained(req: api.MarkTrainedRequest, caller: Signed) -> api.MarkTrainedResponse:
         """Mark submissions consumed by a training step (idempotent for the same step)."""
-        return api.MarkTrainedResponse(marked=pool.mark_trained(caller.address, req))
+        return api.MarkTrainedResponse(marked=pool.mark_trained(caller, req))
 
     @app.post(
         "/v1/steps/{step}/progress",
@@ -331,14 +339,23 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
     ) -> api.StepStatus:
         """The trainer's own count of a step: it replaces the workers' claims for the files
         it names, sets the observed yield, and `full` stops issuance for the step."""
-        return pool.report_progress(caller.address, step, req)
+        return pool.report_progress(caller, step, req)
 
     @app.post(
-        "/v1/checkpoints", response_model=api.HeartbeatResponse, responses=ERRORS, tags=["trainer"]
+        "/v1/checkpoints",
+        response_model=api.HeartbeatResponse,
+        responses={
+            **ERRORS,
+            409: {
+                "model": api.Problem,
+                "description": "announced before with another hash, or older than the newest",
+            },
+        },
+        tags=["trainer"],
     )
     def checkpoint(req: api.CheckpointAnnouncement, caller: Signed) -> api.HeartbeatResponse:
         """Publish checkpoint n (its BLAKE3): workers now generate for step n."""
-        return pool.announce_checkpoint(caller.address, req)
+        return pool.announce_checkpoint(caller, req)
 
     @app.post(
         "/v1/validation/next",
@@ -348,7 +365,7 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
     )
     def next_for_validation(caller: Signed) -> api.ValidationTask:
         """The next file to check, with its assignment; handed out again if no verdict comes."""
-        return pool.next_for_validation(caller.address)
+        return pool.next_for_validation(caller)
 
     @app.post(
         "/v1/pool/fund",
@@ -359,10 +376,20 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
     def fund(req: api.FundRequest, caller: Signed) -> api.Account:
         """Add to an address's balance (the pool owner's key only); a worker registers by
         locking `min_stake` of it."""
-        return pool.fund(caller.address, req)
+        return pool.fund(caller, req)
 
     @app.post(
-        "/v1/verdicts", response_model=api.VerdictResponse, responses=ERRORS, tags=["validator"]
+        "/v1/verdicts",
+        response_model=api.VerdictResponse,
+        responses={
+            **ERRORS,
+            404: {"model": api.Problem, "description": "no such submission"},
+            409: {
+                "model": api.Problem,
+                "description": "already judged, or not chosen for validation",
+            },
+        },
+        tags=["validator"],
     )
     async def verdict(
         request: Request, req: api.VerdictRequest, caller: Signed
@@ -370,14 +397,6 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
         """Record a validator's verdict: accepted work is credited to the worker; a reject
         slashes and ejects it; a soft verdict voids the file only."""
         body = (await request.body()).decode("utf-8", "replace")
-        return await run_in_threadpool(
-            lambda: pool.record_verdict(
-                caller.address,
-                req,
-                body=body,
-                signed_text=caller.signed_text,
-                signature=caller.signature,
-            )
-        )
+        return await run_in_threadpool(lambda: pool.record_verdict(caller, req, body=body))
 
     return app

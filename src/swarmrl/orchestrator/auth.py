@@ -1,10 +1,12 @@
-"""Signed-request checks: who sent a request, and whether to serve it at all.
+"""Signed-request checks: who sent a request, proven before the pool sees it.
 
 In order, cheapest first: the four headers are well formed; the timestamp is inside
-the window; the signature over the canonical request recovers to `X-Address`; the
-nonce is new for that address (kept in the ledger for the whole window, so neither a
-replay nor an orchestrator restart reopens it); the address is within its rate. A
-request failing any check is refused before it touches the pool.
+the window; the signature over the canonical request recovers to `X-Address`. These
+need no ledger, so they run on the event loop and a forged request costs no thread and
+no transaction. The pool then spends the nonce (kept in the ledger for the whole
+window, so neither a replay nor an orchestrator restart reopens it) and applies the
+sender's rate limit, in the same transaction as the request's action
+(`Pool.signed_act`).
 """
 
 from __future__ import annotations
@@ -20,14 +22,17 @@ from swarmrl.identity import (
     parse_signed_headers,
     recover_signer,
 )
-from swarmrl.orchestrator.pool import Pool, Refusal
+from swarmrl.orchestrator.pool import Refusal
 
 
 @dataclass(frozen=True)
 class Caller:
-    """A request's proven sender, and what it signed (kept with verdicts)."""
+    """A request's proven sender, its nonce (not yet spent) and what it signed (kept with
+    verdicts)."""
 
     address: str
+    nonce: str
+    timestamp: int
     signed_text: str
     signature: str
 
@@ -57,10 +62,8 @@ class RateLimiter:
 
 
 class RequestVerifier:
-    def __init__(self, pool: Pool, window: float, limiter: RateLimiter) -> None:
-        self.pool = pool
+    def __init__(self, window: float) -> None:
         self.window = window
-        self.limiter = limiter
 
     def verify(self, method: str, path_with_query: str, headers, body_sha256: str) -> Caller:
         try:
@@ -83,9 +86,10 @@ class RequestVerifier:
             raise Refusal(401, str(exc)) from None
         if signer != signed.address:
             raise Refusal(401, f"signature is not {signed.address}'s (it recovers to another key)")
-        self.pool.spend_nonce(signed.address, signed.nonce, signed.timestamp)
-        if not self.limiter.allow(signed.address):
-            raise Refusal(429, f"{signed.address} is over its rate limit; slow down")
         return Caller(
-            address=signed.address, signed_text=text, signature="0x" + signed.signature.hex()
+            address=signed.address,
+            nonce=signed.nonce,
+            timestamp=signed.timestamp,
+            signed_text=text,
+            signature="0x" + signed.signature.hex(),
         )

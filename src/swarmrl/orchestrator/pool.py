@@ -2,19 +2,22 @@
 
 Every method is one ledger transaction under one lock: the orchestrator is a single
 process, and serializing the writes keeps "issue only what the step needs" and "each
-assignment returned once" true on SQLite and PostgreSQL alike. A refused act raises
-`Refusal` with the HTTP status and a one-line reason, and changes nothing.
+assignment returned once" true on SQLite and PostgreSQL alike. A signed request's
+nonce is spent, and its sender's rate applied, in the same transaction as its act
+(`signed_act`). A refused act raises `Refusal` with the HTTP status and a one-line
+reason, and changes nothing but the spent nonce.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast, get_args
+from typing import TYPE_CHECKING, cast, get_args
 
 from sqlalchemy import bindparam, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -45,6 +48,9 @@ from swarmrl.orchestrator.issuance import (
 from swarmrl.orchestrator.store import RolloutStore
 from swarmrl.protocol import models as api
 from swarmrl.rollouts import read_rollouts
+
+if TYPE_CHECKING:
+    from swarmrl.orchestrator.auth import Caller, RateLimiter
 
 log = logging.getLogger("swarmrl.orchestrator")
 
@@ -99,6 +105,13 @@ class Refusal(Exception):
         super().__init__(detail)
         self.status = status
         self.detail = detail
+
+
+class Replayed(Refusal):
+    """A signed request whose nonce its sender already used inside the window."""
+
+    def __init__(self) -> None:
+        super().__init__(401, "nonce already used by this address (replayed request)")
 
 
 @dataclass(frozen=True)
@@ -167,6 +180,7 @@ class Pool:
         secret: bytes,
         allowlist: dict[str, set[str]],
         clock: Callable[[], float] = time.time,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self.config = config
         self.ledger = ledger
@@ -174,23 +188,41 @@ class Pool:
         self.secret = secret
         self.allowlist = allowlist
         self.clock = clock
+        self.limiter = limiter
         self._lock = threading.Lock()
         self._view: api.HeartbeatResponse | None = None  # what heartbeats answer; None = rebuild
 
     # -- identities ---------------------------------------------------------------------
 
-    def spend_nonce(self, address: str, nonce: str, timestamp: int) -> None:
-        """Record a nonce; refuses one the address already used inside the window."""
+    @contextlib.contextmanager
+    def signed_act(self, caller: Caller) -> Iterator[Session]:
+        """The one locked transaction of a signed request's act, its nonce spent first in
+        it (a replay is refused before anything else), then the sender's rate applied.
+        A request refused, or failing, after its nonce still spends the nonce, in a
+        transaction of its own: no signed request is ever acted on twice."""
         with self._lock:
             try:
+                with self.ledger.session() as s:
+                    self._spend_nonce(s.connection(), caller)
+                    if self.limiter is not None and not self.limiter.allow(caller.address):
+                        raise Refusal(429, f"{caller.address} is over its rate limit; slow down")
+                    yield s
+            except Replayed:
+                raise
+            except BaseException:
                 with self.ledger.engine.begin() as c:
-                    c.execute(
-                        _SPEND_NONCE, {"address": address, "nonce": nonce, "timestamp": timestamp}
-                    )
-            except IntegrityError:
-                raise Refusal(
-                    401, "nonce already used by this address (replayed request)"
-                ) from None
+                    self._spend_nonce(c, caller)
+                raise
+
+    @staticmethod
+    def _spend_nonce(c, caller: Caller) -> None:
+        try:
+            c.execute(
+                _SPEND_NONCE,
+                {"address": caller.address, "nonce": caller.nonce, "timestamp": caller.timestamp},
+            )
+        except IntegrityError:  # the transaction is abandoned: the request is refused
+            raise Replayed() from None
 
     def member(self, s: Session, address: str, roles: Iterable[str]) -> Member:
         m = s.get(Member, address)
@@ -220,21 +252,18 @@ class Pool:
         )
         return Refusal(403, f"ejected: {address} is out of the pool: {why}")
 
-    def check_member(self, address: str, roles: Iterable[str]) -> None:
-        with self.ledger.session() as s:
-            self.member(s, address, roles)
-
-    def register(self, address: str, req: api.RegisterRequest) -> api.Member:
-        allowed = self.allowlist.get(address, set())
-        if req.role == "worker":
-            if not self.config.open_workers and "worker" not in allowed:
-                raise Refusal(403, f"{address} is not on the allowlist as a worker")
-        elif req.role not in allowed:
-            raise Refusal(403, f"{address} is not on the allowlist as a {req.role}")
-        if req.url is not None and req.role not in ("relay", "trainer"):
-            raise Refusal(422, "only relays and the trainer register a URL")
+    def register(self, caller: Caller, req: api.RegisterRequest) -> api.Member:
+        address = caller.address
         now = self.clock()
-        with self._lock, self.ledger.session() as s:
+        with self.signed_act(caller) as s:
+            allowed = self.allowlist.get(address, set())
+            if req.role == "worker":
+                if not self.config.open_workers and "worker" not in allowed:
+                    raise Refusal(403, f"{address} is not on the allowlist as a worker")
+            elif req.role not in allowed:
+                raise Refusal(403, f"{address} is not on the allowlist as a {req.role}")
+            if req.url is not None and req.role not in ("relay", "trainer"):
+                raise Refusal(422, "only relays and the trainer register a URL")
             m = s.get(Member, address)
             if m is not None and m.ejected_at is not None:
                 raise self.ejected(s, address)
@@ -284,14 +313,15 @@ class Pool:
 
     # -- the pool owner -----------------------------------------------------------------
 
-    def fund(self, owner: str, req: api.FundRequest) -> api.Account:
+    def fund(self, caller: Caller, req: api.FundRequest) -> api.Account:
         from eth_utils import to_checksum_address
 
-        if self.config.owner is None:
-            raise Refusal(403, "this pool has no owner (--owner): nobody may fund addresses")
-        if owner != self.config.owner:
-            raise Refusal(403, f"{owner} is not the pool owner; only {self.config.owner} funds")
-        with self._lock, self.ledger.session() as s:
+        owner = caller.address
+        with self.signed_act(caller) as s:
+            if self.config.owner is None:
+                raise Refusal(403, "this pool has no owner (--owner): nobody may fund addresses")
+            if owner != self.config.owner:
+                raise Refusal(403, f"{owner} is not the pool owner; only {self.config.owner} funds")
             address = to_checksum_address(req.address)
             held = s.get(Account, address)
             if (held.balance if held else 0) + accounts.to_units(req.amount) > accounts.MAX_BALANCE:
@@ -309,11 +339,12 @@ class Pool:
 
     # -- heartbeats and health ----------------------------------------------------------
 
-    def heartbeat(self, address: str, req: api.HeartbeatRequest) -> api.HeartbeatResponse:
+    def heartbeat(self, caller: Caller, req: api.HeartbeatRequest) -> api.HeartbeatResponse:
         """The hottest path (every member, every few seconds): two single-row statements,
         and the pool view from memory (rebuilt whenever what it shows may have changed)."""
+        address = caller.address
         now = self.clock()
-        with self._lock, self.ledger.session() as s:
+        with self.signed_act(caller) as s:
             c = s.connection()  # prebuilt Core statements: no ORM work on the hottest path
             row = c.execute(_MEMBER_STATUS, {"who": address}).first()
             status, ejected_at = row if row is not None else (None, None)
@@ -440,11 +471,14 @@ class Pool:
             surplus=self.config.surplus,
         )
 
-    def request_assignment(self, worker: str, req: api.AssignmentRequest) -> api.AssignmentResponse:
+    def request_assignment(
+        self, caller: Caller, req: api.AssignmentRequest
+    ) -> api.AssignmentResponse:
         cfg = self.config
+        worker = caller.address
         now = self.clock()
         wait = cfg.heartbeat_seconds / 2
-        with self._lock, self.ledger.session() as s:
+        with self.signed_act(caller) as s:
             self.member(s, worker, ["worker"])
             newest = s.scalars(_NEWEST_CHECKPOINT).first()
             if newest is None:
@@ -509,19 +543,18 @@ class Pool:
             raise Refusal(409, f"assignment {assignment_id} is {a.state}, no longer open")
         return a
 
-    def check_upload_target(self, worker: str, assignment_id: int) -> None:
-        """Before any byte is read: the sender is a worker holding this open assignment,
-        within its deadline (a late one lapses now: soft, no slash, the work is void)."""
+    def check_upload_target(self, caller: Caller, assignment_id: int) -> None:
+        """Before any byte is read (the upload's signed act; `accept_upload` finishes it):
+        the sender is a worker holding this open assignment, within its deadline (a late
+        one lapses now: soft, no slash, the work is void)."""
+        worker = caller.address
         now = self.clock()
-        with self.ledger.session() as s:
+        with self.signed_act(caller) as s:
             self.member(s, worker, ["worker"])
             a = self.open_assignment(s, worker, assignment_id)
             if a.deadline >= now:
                 return
-        with self._lock, self.ledger.session() as s:
-            a = s.get_one(Assignment, assignment_id)
-            if a.state == "issued":
-                self._lapse(s, a, now)
+            self._lapse(s, a, now)
         raise Refusal(
             409,
             f"assignment {assignment_id} passed its deadline {now - a.deadline:.0f} s ago; "
@@ -621,9 +654,9 @@ class Pool:
 
     # -- the trainer --------------------------------------------------------------------
 
-    def submissions_for_step(self, trainer: str, step: int) -> api.SubmissionList:
-        with self.ledger.session() as s:
-            self.member(s, trainer, ["trainer"])
+    def submissions_for_step(self, caller: Caller, step: int) -> api.SubmissionList:
+        with self.signed_act(caller) as s:
+            self.member(s, caller.address, ["trainer"])
             rows = s.execute(
                 select(Submission, Assignment.seed)
                 .join(Assignment, Assignment.id == Submission.assignment_id)
@@ -637,19 +670,19 @@ class Pool:
                 ],
             )
 
-    def stored_file(self, reader: str, file_hash: str) -> tuple[str, int]:
+    def stored_file(self, caller: Caller, file_hash: str) -> tuple[str, int]:
         """(stored name, size) of a submission, for the trainer and validators only."""
-        with self.ledger.session() as s:
-            self.member(s, reader, ["trainer", "validator"])
+        with self.signed_act(caller) as s:
+            self.member(s, caller.address, ["trainer", "validator"])
             sub = s.get(Submission, file_hash)
             if sub is None:
                 raise Refusal(404, f"no submission {file_hash}")
             return sub.stored_name, sub.size
 
-    def mark_trained(self, trainer: str, req: api.MarkTrainedRequest) -> int:
+    def mark_trained(self, caller: Caller, req: api.MarkTrainedRequest) -> int:
         now = self.clock()
-        with self._lock, self.ledger.session() as s:
-            self.member(s, trainer, ["trainer"])
+        with self.signed_act(caller) as s:
+            self.member(s, caller.address, ["trainer"])
             marked = 0
             for file_hash in dict.fromkeys(req.file_hashes):
                 sub = s.get(Submission, file_hash)
@@ -677,12 +710,12 @@ class Pool:
                 marked += 1
             return marked
 
-    def report_progress(self, trainer: str, step: int, req: api.ProgressReport) -> api.StepStatus:
+    def report_progress(self, caller: Caller, step: int, req: api.ProgressReport) -> api.StepStatus:
         """The trainer's own count of a step replaces the workers' claims for the files it
         names; `full` stops issuance for the step."""
         now = self.clock()
-        with self._lock, self.ledger.session() as s:
-            self.member(s, trainer, ["trainer"])
+        with self.signed_act(caller) as s:
+            self.member(s, caller.address, ["trainer"])
             if req.usable > req.read:
                 raise Refusal(422, f"usable samples ({req.usable}) exceed those read ({req.read})")
             files = list(dict.fromkeys(req.files))
@@ -713,11 +746,11 @@ class Pool:
             return self._step_status(s, row)
 
     def announce_checkpoint(
-        self, trainer: str, req: api.CheckpointAnnouncement
+        self, caller: Caller, req: api.CheckpointAnnouncement
     ) -> api.HeartbeatResponse:
         now = self.clock()
-        with self._lock, self.ledger.session() as s:
-            self.member(s, trainer, ["trainer"])
+        with self.signed_act(caller) as s:
+            self.member(s, caller.address, ["trainer"])
             known = s.get(Checkpoint, req.step)
             newest = s.scalar(select(func.max(Checkpoint.step)))
             if known is not None:
@@ -748,10 +781,10 @@ class Pool:
 
     # -- the validator ------------------------------------------------------------------
 
-    def next_for_validation(self, validator: str) -> api.ValidationTask:
+    def next_for_validation(self, caller: Caller) -> api.ValidationTask:
         now = self.clock()
-        with self._lock, self.ledger.session() as s:
-            self.member(s, validator, ["validator"])
+        with self.signed_act(caller) as s:
+            self.member(s, caller.address, ["validator"])
             lease_over = now - self.config.validation_lease_seconds
             sub = s.scalars(
                 select(Submission)
@@ -773,16 +806,13 @@ class Pool:
             )
 
     def record_verdict(
-        self,
-        validator: str,
-        req: api.VerdictRequest,
-        *,
-        body: str,
-        signed_text: str,
-        signature: str,
+        self, caller: Caller, req: api.VerdictRequest, *, body: str
     ) -> api.VerdictResponse:
+        """Kept with the verdict: the request's body, the text its validator signed and
+        the signature, so anyone can check who judged what."""
+        validator = caller.address
         now = self.clock()
-        with self._lock, self.ledger.session() as s:
+        with self.signed_act(caller) as s:
             self.member(s, validator, ["validator"])
             sub = s.get(Submission, req.file_hash)
             if sub is None:
@@ -799,8 +829,8 @@ class Pool:
                     accepted=req.accepted,
                     reason=req.reason,
                     body=body,
-                    signed_text=signed_text,
-                    signature=signature,
+                    signed_text=caller.signed_text,
+                    signature=caller.signature,
                     decided_at=now,
                     soft=req.soft,
                 )

@@ -3,6 +3,7 @@ benchmarks, `swarmrl run`)."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -12,6 +13,11 @@ from swarmrl.orchestrator.app import create_app
 from swarmrl.orchestrator.config import OrchestratorConfig
 
 KEEP_ALIVE_SECONDS = 30
+# Python hands the GIL to a waiting thread every 5 ms by default: a heartbeat (well under a
+# millisecond of work) then queues behind each upload being parsed and each assignment being
+# issued, slice by slice. A shorter interval costs a little throughput and cuts that tail
+# (benchmarks/bench_orchestrator.py; docs/benchmarks.md).
+GIL_SWITCH_SECONDS = 0.0005
 
 
 def _server(config: OrchestratorConfig, host: str, port: int) -> uvicorn.Server:
@@ -68,6 +74,7 @@ class OrchestratorThread:
 
 def serve(config: OrchestratorConfig, host: str, port: int) -> None:
     """Serve in the foreground until interrupted; prints the URL once listening."""
+    sys.setswitchinterval(GIL_SWITCH_SECONDS)  # the whole process is the orchestrator
     server = _server(config, host, port)
 
     def announce() -> None:
