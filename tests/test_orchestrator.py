@@ -145,6 +145,37 @@ def test_replayed_nonce_is_refused_after_a_restart(pool):
     assert pool.ledger_state() == before
 
 
+def test_a_refused_request_spends_its_nonce_too(pool):
+    # Refused now (the sender is not registered yet), it must not be served when replayed
+    # later, once the pool would accept it.
+    newcomer = Identity.generate()
+    body = b'{"policy_step": 0}'
+    headers = sign_request(newcomer, "POST", "/v1/heartbeat", body_digest(body)) | JSON
+    with httpx.Client(base_url=pool.url) as http:
+        first = http.post("/v1/heartbeat", content=body, headers=headers)
+        assert first.status_code == 403, first.text
+        pool.client(newcomer).register("worker")
+        replay = http.post("/v1/heartbeat", content=body, headers=headers)
+    assert replay.status_code == 401, replay.text
+    assert "nonce already used" in replay.json()["detail"]
+
+
+def test_a_rate_limited_request_spends_its_nonce_too(tmp_path):
+    p = make_pool(tmp_path, rate_per_second=0.01, rate_burst=1)
+    try:
+        worker = Identity.generate()
+        # registering takes the one token; the heartbeat is over the rate
+        p.client(worker).register("worker")
+        body = b'{"policy_step": 0}'
+        headers = sign_request(worker, "POST", "/v1/heartbeat", body_digest(body)) | JSON
+        with httpx.Client(base_url=p.url) as http:
+            assert http.post("/v1/heartbeat", content=body, headers=headers).status_code == 429
+            replay = http.post("/v1/heartbeat", content=body, headers=headers)
+        assert replay.status_code == 401 and "nonce already used" in replay.json()["detail"]
+    finally:
+        p.stop()
+
+
 @pytest.mark.parametrize("skew", [-120, 120])
 def test_stale_or_future_timestamp_is_refused(pool, skew):
     worker = pool.workers[0]
