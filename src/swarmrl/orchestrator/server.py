@@ -3,6 +3,7 @@ benchmarks, `swarmrl run`)."""
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import time
@@ -76,6 +77,10 @@ def serve(config: OrchestratorConfig, host: str, port: int) -> None:
     """Serve in the foreground until interrupted; prints the URL once listening."""
     sys.setswitchinterval(GIL_SWITCH_SECONDS)  # the whole process is the orchestrator
     server = _server(config, host, port)
+    # Everything built so far (modules, the app, the ledger's schema) lives as long as the
+    # process: kept out of the collector's full passes, each of which stopped every request
+    # for 50-130 ms under load.
+    gc.freeze()
 
     def announce() -> None:
         while not server.started and not server.should_exit:
