@@ -91,6 +91,29 @@ _RECENT = (
     .order_by(Submission.uploaded_at.desc())
     .limit(YIELD_WINDOW)
 )
+# The upload path's statements (see `accept_upload`).
+_WORKER = select(Member.role, Member.status, Member.ejected_at, Member.soft_invalidated_at).where(
+    Member.address == bindparam("who")
+)
+_ASSIGNMENT = select(
+    Assignment.worker, Assignment.state, Assignment.step, Assignment.prompts, Assignment.group_size
+).where(Assignment.id == bindparam("id"))
+_SUBMITTED = select(Submission.file_hash).where(Submission.file_hash == bindparam("file_hash"))
+_FILES_OF = select(func.count()).where(Submission.worker == bindparam("who"))
+_FILES_SINCE = _FILES_OF.where(Submission.uploaded_at > bindparam("since"))
+_RECORD = insert(Submission)
+_RETURNED = (
+    update(Assignment)
+    .where(Assignment.id == bindparam("assignment"))
+    .values(state="returned", closed_at=bindparam("now"))
+)
+_SOFT_INVALIDATED = (
+    update(Member)
+    .where(Member.address == bindparam("who"))
+    .values(soft_invalidated_at=bindparam("now"))
+)
+_STEP_FILL = select(Step.full_at, Step.target_samples).where(Step.step == bindparam("step"))
+_STEP_FULL = update(Step).where(Step.step == bindparam("at_step")).values(full_at=bindparam("now"))
 _BEAT = (
     update(Heartbeat)
     .where(Heartbeat.address == bindparam("who"))
@@ -561,7 +584,7 @@ class Pool:
             "late work is void",
         )
 
-    def _validation_fraction(self, s: Session, worker: str, m: Member) -> float:
+    def _validation_fraction(self, c, worker: str, soft_invalidated_at: float | None) -> float:
         """The base rate, or the higher one for a new member's first files and the files
         after a soft invalidation of its work."""
         cfg = self.config
@@ -570,31 +593,44 @@ class Pool:
             or cfg.new_member_validation_fraction <= cfg.validation_fraction
         ):
             return cfg.validation_fraction
-        files = select(func.count()).where(Submission.worker == worker)
-        if int(s.scalar(files) or 0) < cfg.new_member_files:
+        if int(c.execute(_FILES_OF, {"who": worker}).scalar() or 0) < cfg.new_member_files:
             return cfg.new_member_validation_fraction
-        if m.soft_invalidated_at is not None:
-            since = s.scalar(files.where(Submission.uploaded_at > m.soft_invalidated_at))
-            if int(since or 0) < cfg.soft_invalidation_files:
+        if soft_invalidated_at is not None:
+            since = c.execute(_FILES_SINCE, {"who": worker, "since": soft_invalidated_at})
+            if int(since.scalar() or 0) < cfg.soft_invalidation_files:
                 return cfg.new_member_validation_fraction
         return cfg.validation_fraction
 
     def accept_upload(
         self, worker: str, assignment_id: int, upload: UploadedFile
     ) -> api.SubmissionInfo:
-        """Check a streamed-in file against its assignment, store it, record the submission."""
+        """Check a streamed-in file against its assignment, store it, record the submission.
+
+        Every upload of the pool comes through here: prebuilt Core statements, and the
+        file is parsed and measured before the lock is taken."""
         cfg = self.config
         try:
             table, meta = read_rollouts(upload.path)
         except Exception as exc:  # noqa: BLE001 (any failure to parse hostile bytes is the sender's)
             raise Refusal(422, f"unreadable rollout file: {exc}") from None
+        tokens = int(
+            table.column("output_tokens").combine_chunks().value_lengths().to_numpy().sum()
+        )
+        policies = table.column("policy_step").to_pylist()
         with self._lock, self.ledger.session() as s:
-            m = self.member(s, worker, ["worker"])
-            a = self.open_assignment(s, worker, assignment_id)
+            c = s.connection()
+            m = c.execute(_WORKER, {"who": worker}).first()
+            if m is None or m.role != "worker" or m.status == "dead" or m.ejected_at is not None:
+                self.member(s, worker, ["worker"])  # raises the precise refusal
+                raise Refusal(403, f"{worker} may not upload")  # not reached
+            a = c.execute(_ASSIGNMENT, {"id": assignment_id}).first()
+            if a is None or a.worker != worker or a.state != "issued":
+                self.open_assignment(s, worker, assignment_id)  # raises the precise refusal
+                raise Refusal(409, f"assignment {assignment_id} is not open")  # not reached
             expected = {
                 "worker_address": worker,
                 "step": a.step,
-                "submission": a.id,
+                "submission": assignment_id,
                 "num_samples": a.prompts * a.group_size,
             }
             if cfg.run_id is not None:
@@ -604,53 +640,53 @@ class Pool:
                     raise Refusal(
                         422,
                         f"file metadata {field}={getattr(meta, field)!r} disagrees with "
-                        f"assignment {a.id} ({value!r})",
+                        f"assignment {assignment_id} ({value!r})",
                     )
             if not 0 <= meta.num_nonzero <= meta.num_samples:
                 raise Refusal(422, f"file metadata num_nonzero={meta.num_nonzero} is out of range")
-            if s.get(Submission, upload.file_hash) is not None:
+            if c.execute(_SUBMITTED, {"file_hash": upload.file_hash}).first() is not None:
                 raise Refusal(409, f"file {upload.file_hash} was already submitted")
             name = self.store.name_for(a.step, upload.file_hash)
             now = self.clock()
-            tokens = int(
-                table.column("output_tokens").combine_chunks().value_lengths().to_numpy().sum()
-            )
             # Samples claiming a policy older than the async bound allows are of no use:
             # the file is recorded, void (soft: no slash), and its worker checked more often.
-            policies = table.column("policy_step").to_pylist()
             stale = bool(policies) and min(policies) < a.step - cfg.async_level
-            sub = Submission(
-                file_hash=upload.file_hash,
-                assignment_id=a.id,
-                worker=worker,
-                step=a.step,
-                stored_name=name,
-                size=upload.size,
-                num_samples=meta.num_samples,
-                num_nonzero=meta.num_nonzero,
-                num_tokens=tokens,
-                state="voided" if stale else "pending",
-                to_validate=chosen_for_validation(
-                    self.secret, upload.file_hash, self._validation_fraction(s, worker, m)
+            sub = {
+                "file_hash": upload.file_hash,
+                "assignment_id": assignment_id,
+                "worker": worker,
+                "step": a.step,
+                "stored_name": name,
+                "size": upload.size,
+                "num_samples": meta.num_samples,
+                "num_nonzero": meta.num_nonzero,
+                "num_tokens": tokens,
+                "state": "voided" if stale else "pending",
+                "to_validate": chosen_for_validation(
+                    self.secret,
+                    upload.file_hash,
+                    self._validation_fraction(c, worker, m.soft_invalidated_at),
                 ),
-                uploaded_at=now,
-            )
+                "uploaded_at": now,
+                "counted": False,
+            }
+            c.execute(_RECORD, sub)
+            c.execute(_RETURNED, {"assignment": assignment_id, "now": now})
             if stale:
-                m.soft_invalidated_at = now
-            s.add(sub)
-            a.state = "returned"
-            a.closed_at = now
-            s.flush()
-            step = s.get(Step, a.step)
+                c.execute(_SOFT_INVALIDATED, {"who": worker, "now": now})
+            step = c.execute(_STEP_FILL, {"step": a.step}).first()
             if (
                 step is not None
                 and step.full_at is None
                 and self._usable(s, a.step) >= step.target_samples
             ):
-                step.full_at = now
+                c.execute(_STEP_FULL, {"at_step": a.step, "now": now})
             # Stored last, inside the transaction: a failed store write records nothing.
             self.store.put(upload.path, name)
-            return _submission_info(sub)
+            return api.SubmissionInfo(
+                **{k: sub[k] for k in api.SubmissionInfo.model_fields if k in sub},
+                trained_step=None,
+            )
 
     # -- the trainer --------------------------------------------------------------------
 
