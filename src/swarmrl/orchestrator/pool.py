@@ -69,7 +69,7 @@ TRAINABLE = (Submission.state == "accepted") | (
 # than running it on SQLite.
 _SPEND_NONCE = insert(Nonce)
 _MEMBER_STATUS = select(Member.status, Member.ejected_at).where(Member.address == bindparam("who"))
-_NEWEST_CHECKPOINT = select(Checkpoint).order_by(Checkpoint.step.desc()).limit(1)
+_NEWEST = select(Checkpoint.step, Checkpoint.final).order_by(Checkpoint.step.desc()).limit(1)
 _HELD = select(func.count()).where(
     Assignment.worker == bindparam("who"), Assignment.state == "issued"
 )
@@ -111,6 +111,12 @@ _SOFT_INVALIDATED = (
     update(Member)
     .where(Member.address == bindparam("who"))
     .values(soft_invalidated_at=bindparam("now"))
+)
+_ISSUE = insert(Assignment).returning(Assignment.id)
+_SEED = (
+    update(Assignment)
+    .where(Assignment.id == bindparam("assignment"))
+    .values(seed=bindparam("seed_value"))
 )
 _STEP_FILL = select(Step.full_at, Step.target_samples).where(Step.step == bindparam("step"))
 _STEP_FULL = update(Step).where(Step.step == bindparam("at_step")).values(full_at=bindparam("now"))
@@ -502,8 +508,11 @@ class Pool:
         now = self.clock()
         wait = cfg.heartbeat_seconds / 2
         with self.signed_act(caller) as s:
-            self.member(s, worker, ["worker"])
-            newest = s.scalars(_NEWEST_CHECKPOINT).first()
+            c = s.connection()
+            m = c.execute(_WORKER, {"who": worker}).first()
+            if m is None or m.role != "worker" or m.status == "dead" or m.ejected_at is not None:
+                self.member(s, worker, ["worker"])  # raises the precise refusal
+            newest = c.execute(_NEWEST, {}).first()
             if newest is None:
                 return api.AssignmentResponse(
                     assignment=None, reason="no checkpoint published yet", retry_seconds=wait
@@ -534,20 +543,26 @@ class Pool:
             observed = self._observed_yield(s)
             for step in range(current, last + 1):
                 if self._need(s, step, observed, now) > 0:
-                    a = Assignment(
-                        worker=worker,
-                        step=step,
-                        seed=0,
-                        prompts=cfg.prompts_per_assignment,
-                        group_size=cfg.group_size,
-                        state="issued",
-                        issued_at=now,
-                        deadline=now + cfg.assignment_seconds,
+                    a = {
+                        "worker": worker,
+                        "step": step,
+                        "seed": 0,
+                        "prompts": cfg.prompts_per_assignment,
+                        "group_size": cfg.group_size,
+                        "state": "issued",
+                        "issued_at": now,
+                        "deadline": now + cfg.assignment_seconds,
+                    }
+                    # The id comes from the ledger; the seed from the id.
+                    issued = int(c.execute(_ISSUE, a).scalar_one())
+                    a |= {"id": issued, "seed": assignment_seed(self.secret, issued)}
+                    c.execute(_SEED, {"assignment": issued, "seed_value": a["seed"]})
+                    return api.AssignmentResponse(
+                        assignment=api.AssignmentInfo(
+                            **{k: a[k] for k in api.AssignmentInfo.model_fields}
+                        ),
+                        reason="",
                     )
-                    s.add(a)
-                    s.flush()  # the id comes from the ledger; the seed from the id
-                    a.seed = assignment_seed(self.secret, a.id)
-                    return api.AssignmentResponse(assignment=_assignment_info(a), reason="")
             return api.AssignmentResponse(
                 assignment=None,
                 reason=f"steps {current}..{last} need no more work now",
