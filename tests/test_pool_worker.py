@@ -96,6 +96,9 @@ def test_worker_serves_the_pool_from_its_own_folder(tmp_path):
         # The test's own trainer and validator speak only when the test says so.
         unhealthy_after=10_000,
         dead_after=10_000,
+        # Step 3 opens with checkpoint 1 and only policy >= 1 may serve it: work for the
+        # new policy is there however fast policy 0 filled steps 0..2.
+        max_ahead=2,
     )
     with open(pool.config.allowlist, "a") as fh:
         fh.write(f"{relay_id.address} relay\n")
