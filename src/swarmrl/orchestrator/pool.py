@@ -91,7 +91,7 @@ _RECENT = (
     .order_by(Submission.uploaded_at.desc())
     .limit(YIELD_WINDOW)
 )
-# The upload path's statements (see `accept_upload`).
+# The statements of the assignment and upload paths (`request_assignment`, `accept_upload`).
 _WORKER = select(Member.role, Member.status, Member.ejected_at, Member.soft_invalidated_at).where(
     Member.address == bindparam("who")
 )
@@ -266,6 +266,15 @@ class Pool:
             raise Refusal(
                 403, f"{address} was declared dead after missed heartbeats; register again"
             )
+        return m
+
+    def _worker_row(self, s: Session, worker: str):
+        """The worker's role, status and soft invalidation, by a prebuilt statement (the
+        per-request paths); `member`'s precise refusal when it may not act as a worker."""
+        m = s.connection().execute(_WORKER, {"who": worker}).first()
+        if m is None or m.role != "worker" or m.status == "dead" or m.ejected_at is not None:
+            self.member(s, worker, ["worker"])  # raises the precise refusal
+            raise Refusal(403, f"{worker} may not act as a worker")  # not reached
         return m
 
     def ejected(self, s: Session, address: str) -> Refusal:
@@ -509,9 +518,7 @@ class Pool:
         wait = cfg.heartbeat_seconds / 2
         with self.signed_act(caller) as s:
             c = s.connection()
-            m = c.execute(_WORKER, {"who": worker}).first()
-            if m is None or m.role != "worker" or m.status == "dead" or m.ejected_at is not None:
-                self.member(s, worker, ["worker"])  # raises the precise refusal
+            self._worker_row(s, worker)
             newest = c.execute(_NEWEST, {}).first()
             if newest is None:
                 return api.AssignmentResponse(
@@ -634,10 +641,7 @@ class Pool:
         policies = table.column("policy_step").to_pylist()
         with self._lock, self.ledger.session() as s:
             c = s.connection()
-            m = c.execute(_WORKER, {"who": worker}).first()
-            if m is None or m.role != "worker" or m.status == "dead" or m.ejected_at is not None:
-                self.member(s, worker, ["worker"])  # raises the precise refusal
-                raise Refusal(403, f"{worker} may not upload")  # not reached
+            m = self._worker_row(s, worker)
             a = c.execute(_ASSIGNMENT, {"id": assignment_id}).first()
             if a is None or a.worker != worker or a.state != "issued":
                 self.open_assignment(s, worker, assignment_id)  # raises the precise refusal
