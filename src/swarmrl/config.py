@@ -167,6 +167,36 @@ class TrainerConfig(_Section):
         4.0, gt=1, description="cap on the ratio for negative advantages (paper: 4)"
     )
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus coefficient (0 = off)")
+    off_policy: Literal["none", "tis", "icepop", "seq_mask"] = Field(
+        "tis",
+        description="correction for samples drawn by an older policy than the trainer's (trainer/offpolicy.py): tis = token weight min(rho, tis_cap), icepop = weight rho inside icepop_band and 0 outside, seq_mask = mask a sequence whose geometric-mean rho leaves seq_mask_band, none = no correction; rho = pi_n / worker's sampling probability",
+    )
+    tis_cap: float = Field(
+        2.0, ge=1, description="cap on the truncated importance weight (off_policy = tis)"
+    )
+    icepop_band: tuple[float, float] = Field(
+        (0.5, 5.0), description="[low, high] band of rho kept by off_policy = icepop"
+    )
+    seq_mask_band: tuple[float, float] = Field(
+        (0.5, 2.0),
+        description="[low, high] band of a sequence's geometric-mean rho kept by off_policy = seq_mask",
+    )
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant",
+        description="learning rate after the warm-up: constant, or cosine decay to lr * lr_final_ratio at the last step",
+    )
+    lr_final_ratio: float = Field(
+        0.1, ge=0, le=1, description="learning rate at the last step over lr (lr_schedule = cosine)"
+    )
+
+    @field_validator("icepop_band", "seq_mask_band")
+    @classmethod
+    def _band(cls, band: tuple[float, float]) -> tuple[float, float]:
+        low, high = band
+        if not 0 <= low < 1 < high:
+            raise ValueError(f"a band [low, high] needs 0 <= low < 1 < high (got {list(band)})")
+        return band
+
     keep_checkpoints: int = Field(
         4, ge=1, description="checkpoints kept on disk (at least async_level + 1 are always kept)"
     )
@@ -469,6 +499,12 @@ RUN_IDENTITY = (
     "trainer.epsilon",
     "trainer.delta",
     "trainer.entropy_coef",
+    "trainer.off_policy",
+    "trainer.tis_cap",
+    "trainer.icepop_band",
+    "trainer.seq_mask_band",
+    "trainer.lr_schedule",
+    "trainer.lr_final_ratio",
     "trainer.seed",
 )
 

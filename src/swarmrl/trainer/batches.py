@@ -58,6 +58,11 @@ class Sample:
         return self.rows.output_tokens[self.index]
 
     @property
+    def output_logprobs(self) -> list[float]:
+        """The worker's sampling logprobs: claims, bounded by the off-policy weights."""
+        return self.rows.output_logprobs[self.index]
+
+    @property
     def advantage(self) -> float:
         return self.rows.advantages[self.index]
 

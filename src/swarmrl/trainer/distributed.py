@@ -178,6 +178,15 @@ def all_sum(ranks: Ranks, values: list[float]) -> list[float]:
     return tensor.tolist()
 
 
+def all_max(ranks: Ranks, value: float) -> float:
+    """The largest of one value over ranks."""
+    if not ranks.sharded:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=ranks.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return float(tensor.item())
+
+
 def broadcast(ranks: Ranks, obj: Any) -> Any:
     """Rank 0's `obj` on every rank."""
     if not ranks.sharded:

@@ -13,6 +13,10 @@ sum of per-token losses over the batch is divided by `token_budget`, so long and
 completions weigh each of their tokens equally and the loss scale does not depend on
 the lengths the policy happens to produce. Prompt and padding tokens are masked out.
 No KL term; an optional entropy bonus.
+
+`token_weights` multiplies each token's loss by its off-policy correction weight
+(offpolicy.py: the behaviour policy that sampled the token against policy n); without
+them every completion token weighs 1.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ class GRPOLossInput:
     mask: torch.Tensor  # [B, T] 1 for completion tokens, 0 for prompt and padding
     token_budget: float  # constant normalizer: samples in the batch x max completion length
     entropy: torch.Tensor | None = None  # [B, T] per-token entropy, for the optional bonus
+    token_weights: torch.Tensor | None = None  # [B, T] off-policy weights, 0 = masked
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,8 @@ def grpo_loss(
     capped = torch.clamp(ratio, max=delta) * adv
     clipped = torch.clamp(ratio, 1 - epsilon, 1 + epsilon) * adv
     per_token = -torch.minimum(capped, clipped)
-    loss = (per_token * mask).sum() / inp.token_budget
+    weighted = mask if inp.token_weights is None else mask * inp.token_weights.detach()
+    loss = (per_token * weighted).sum() / inp.token_budget
     n_tokens = mask.sum().clamp(min=1)
     mean_entropy = torch.zeros((), dtype=loss.dtype)
     if inp.entropy is not None:

@@ -32,6 +32,16 @@ class StepMetrics(BaseModel):
     entropy: float
     trained_tokens: int
     lr: float
+    is_weight_mean: float = Field(
+        1.0, description="mean off-policy weight over completion tokens (masked ones count 0)"
+    )
+    is_weight_max: float = Field(1.0, description="largest off-policy weight of the step")
+    is_masked_share: float = Field(
+        0.0, description="share of completion tokens the off-policy correction masked"
+    )
+    behaviour_kl: float = Field(
+        0.0, description="k3 estimate of KL(sampling policy || policy n) per completion token"
+    )
     staleness_mean: float = Field(description="mean n - policy_step of the trained samples")
     staleness_max: int
     oldest_policy_step: int

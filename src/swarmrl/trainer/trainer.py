@@ -55,6 +55,7 @@ from swarmrl.trainer import distributed
 from swarmrl.trainer.batches import Sample
 from swarmrl.trainer.inputs import RolloutSource, StepCollector
 from swarmrl.trainer.metrics import StepMetrics, read_metrics
+from swarmrl.trainer.offpolicy import OffPolicySettings
 from swarmrl.trainer.pool_source import PoolRolloutSource
 from swarmrl.trainer.state import load_trainer_state, save_trainer_state
 from swarmrl.trainer.update import UpdateSettings, deal_minibatches, rollout_update
@@ -62,6 +63,20 @@ from swarmrl.trainer.update import UpdateSettings, deal_minibatches, rollout_upd
 log = logging.getLogger("swarmrl.trainer")
 
 POLL_SECONDS = 0.25  # between listings of a step's submissions (one signed request each)
+
+
+def learning_rate(
+    done: int, peak: float, warmup: int, total: int, schedule: str, final_ratio: float
+) -> float:
+    """The learning rate of optimizer step `done` (0-based) of `total`: linear warm-up
+    over `warmup` steps to `peak`, then constant or a cosine decay that reaches
+    peak × final_ratio at the last step."""
+    if warmup and done < warmup:
+        return peak * (done + 1) / warmup
+    if schedule == "constant" or total <= warmup + 1:
+        return peak
+    progress = min(1.0, (done - warmup) / (total - warmup - 1))
+    return peak * (final_ratio + (1 - final_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 class Trainer:
@@ -181,9 +196,16 @@ class Trainer:
 
     def _lr(self, opt_steps: int | None = None) -> float:
         """The learning rate of optimizer step `opt_steps` (default: the next one)."""
+        tc = self.cfg.trainer
         done = self.opt_steps if opt_steps is None else opt_steps
-        warm = self.cfg.trainer.warmup_steps
-        return self.cfg.trainer.lr * (min(1.0, (done + 1) / warm) if warm else 1.0)
+        return learning_rate(
+            done,
+            tc.lr,
+            tc.warmup_steps,
+            tc.steps * tc.optimizer_steps,
+            tc.lr_schedule,
+            tc.lr_final_ratio,
+        )
 
     def _write_status(self, step: int, usable: int, since: float) -> None:
         """Tell `swarmrl run` (its console) how many usable samples the step has and since
@@ -252,6 +274,12 @@ class Trainer:
             entropy_coef=tc.entropy_coef,
             grad_clip=tc.grad_clip,
             micro_batch_samples=tc.micro_batch_samples,
+            off_policy=OffPolicySettings(
+                mode=tc.off_policy,
+                tis_cap=tc.tis_cap,
+                band=tc.icepop_band,
+                seq_band=tc.seq_mask_band,
+            ),
         )
         stats = rollout_update(
             self.model,

@@ -12,7 +12,9 @@ constant: the same update as one process on the whole minibatch, whatever W and 
 micro-batching (tests/test_trainer_distributed.py checks it to 1e-5).
 
 The old logprobs (policy n at the start of the step) are recomputed the same way, each
-rank for its own share. FSDP's gathers are collectives, so every rank runs the same
+rank for its own share. Against them, each token's loss is weighted by the off-policy
+correction (offpolicy.py) of the worker's recorded sampling logprob: the samples were
+drawn by an older policy than n in an asynchronous run. FSDP's gathers are collectives, so every rank runs the same
 number of micro-batches: a rank whose share is shorter runs a masked-out one that adds
 nothing to the loss or the gradient.
 """
@@ -21,14 +23,20 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from swarmrl.trainer.batches import Sample
-from swarmrl.trainer.distributed import Ranks, all_sum, grad_norm_value
+from swarmrl.trainer.distributed import Ranks, all_max, all_sum, grad_norm_value
 from swarmrl.trainer.loss import GRPOLossInput, grpo_loss, token_logprobs
+from swarmrl.trainer.offpolicy import (
+    BehaviourStats,
+    OffPolicySettings,
+    behaviour_stats,
+    behaviour_weights,
+)
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,7 @@ class UpdateSettings:
     entropy_coef: float
     grad_clip: float
     micro_batch_samples: int | None  # None: a rank's whole share in one pass
+    off_policy: OffPolicySettings = field(default_factory=OffPolicySettings)
 
 
 def token_budget(minibatch_samples: int, max_new_tokens: int) -> float:
@@ -82,6 +91,17 @@ def pad_batch(
     return ids, ids[:, 1:], mask
 
 
+def pad_behaviour(samples: list[Sample], width: int) -> torch.Tensor:
+    """The workers' sampling logprobs [B, width] laid out like `pad_batch`'s mask (0 off
+    it); the values are claims, taken as float64 so a forged one cannot overflow here."""
+    out = torch.zeros((len(samples), width), dtype=torch.float64)
+    for i, s in enumerate(samples):
+        start = len(s.input_tokens) - 1
+        claimed = torch.tensor(s.output_logprobs, dtype=torch.float64)
+        out[i, start : start + len(claimed)] = claimed
+    return out
+
+
 def forward_logprobs(model, ids, targets, temperature):
     # Right padding keeps every real token's causal context free of pads: no mask needed.
     logits = model(input_ids=ids, use_cache=False).logits[:, :-1]
@@ -94,6 +114,7 @@ class _Micro:
     targets: torch.Tensor
     mask: torch.Tensor
     advantages: torch.Tensor
+    behaviour: torch.Tensor  # [B, L-1] the sampler's claimed logprobs (float64)
 
 
 def _micro(samples: list[Sample], idx: list[int], filler: int, pad: int, device) -> _Micro:
@@ -108,6 +129,7 @@ def _micro(samples: list[Sample], idx: list[int], filler: int, pad: int, device)
         targets.to(device),
         mask.to(device),
         torch.tensor([s.advantage for s in chosen], device=device),
+        pad_behaviour(chosen, mask.shape[1]).to(device),
     )
 
 
@@ -136,15 +158,30 @@ def rollout_update(
             [forward_logprobs(model, m.ids, m.targets, s.temperature)[0] for m in mb_micros]
             for mb_micros in micros
         ]
+    weights = [
+        [
+            behaviour_weights(o, m.behaviour, m.mask, s.off_policy)
+            for o, m in zip(mb_old, mb_micros, strict=True)
+        ]
+        for mb_old, mb_micros in zip(old, micros, strict=True)
+    ]
+    behaviour = _sum_stats(
+        ranks,
+        [
+            behaviour_stats(w, o, m.behaviour, m.mask)
+            for mb_w, mb_old, mb_micros in zip(weights, old, micros, strict=True)
+            for w, o, m in zip(mb_w, mb_old, mb_micros, strict=True)
+        ],
+    )
     model.train()
     grad_norms, clip_ratios, entropies, losses, tokens = [], [], [], [], 0
-    for mb, mb_micros, mb_old, lr in zip(minibatches, micros, old, lrs, strict=True):
+    for mb, mb_micros, mb_old, mb_w, lr in zip(minibatches, micros, old, weights, lrs, strict=True):
         budget = token_budget(len(mb), s.max_new_tokens)
         for group in opt.param_groups:
             group["lr"] = lr
         opt.zero_grad(set_to_none=True)
         loss_sum = token_sum = clipped_sum = entropy_sum = 0.0
-        for m, old_logprobs in zip(mb_micros, mb_old, strict=True):
+        for m, old_logprobs, w in zip(mb_micros, mb_old, mb_w, strict=True):
             logprobs, entropy = forward_logprobs(model, m.ids, m.targets, s.temperature)
             out = grpo_loss(
                 GRPOLossInput(
@@ -154,6 +191,7 @@ def rollout_update(
                     mask=m.mask,
                     token_budget=budget,
                     entropy=entropy,
+                    token_weights=w.weights,
                 ),
                 epsilon=s.epsilon,
                 delta=s.delta,
@@ -184,4 +222,27 @@ def rollout_update(
         "clip_ratio": float(np.mean(clip_ratios)),
         "entropy": float(np.mean(entropies)),
         "trained_tokens": tokens,
+        **behaviour,
+    }
+
+
+def _sum_stats(ranks: Ranks, parts: list[BehaviourStats]) -> dict:
+    """The step's off-policy figures over every micro-batch of every rank."""
+    total = all_sum(
+        ranks,
+        [
+            sum(p.tokens for p in parts),
+            sum(p.weight_sum for p in parts),
+            sum(p.masked for p in parts),
+            sum(p.kl_sum for p in parts),
+            sum(p.finite for p in parts),
+        ],
+    )
+    tokens, weight_sum, masked, kl_sum, finite = total
+    weight_max = all_max(ranks, max((p.weight_max for p in parts), default=0.0))
+    return {
+        "is_weight_mean": weight_sum / max(tokens, 1.0),
+        "is_weight_max": weight_max,
+        "is_masked_share": masked / max(tokens, 1.0),
+        "behaviour_kl": kl_sum / max(finite, 1.0),
     }
