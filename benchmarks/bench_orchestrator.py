@@ -79,7 +79,8 @@ def rollout_bytes(folder: Path, worker: str, assignment: dict) -> bytes:
 
 
 class Recorder:
-    def __init__(self, measure_from: float = 0.0) -> None:
+    def __init__(self, pool: str, measure_from: float = 0.0) -> None:
+        self.pool = pool  # the pool id every request signs
         # Requests sent before measure_from (the registration burst and the first
         # heartbeat interval) are counted in `status` but not timed.
         self.measure_from = measure_from
@@ -89,7 +90,8 @@ class Recorder:
     async def send(self, http, identity, name, method, path, body=b"", digest=None, headers=None):
         """Sign and send one request; its (status, JSON body or None), or None on a
         transport error. Timed from sent to response body read."""
-        signed = sign_request(identity, method, path, digest or body_digest(body)) | (headers or {})
+        digest = digest or body_digest(body)
+        signed = sign_request(identity, method, path, digest, pool=self.pool) | (headers or {})
         start = time.perf_counter()
         try:
             async with http.request(method, path, data=body, headers=signed) as r:
@@ -162,7 +164,8 @@ async def worker_loop(http, rec: Recorder, identity, args, stop_at, scratch, upl
 
 
 async def run_pool(url: str, args, scratch: Path) -> tuple[Recorder, set[str], float]:
-    rec = Recorder()
+    with PoolClient(url, None) as public:
+        rec = Recorder(public.pool())
     uploads: set[str] = set()
     identities = [Identity.generate() for _ in range(args.workers)]
     # One keep-alive connection per worker at most, as if each were its own machine.

@@ -201,6 +201,11 @@ def make_pool(
     return pool
 
 
+def pool_id(url: str) -> str:
+    """The pool id an orchestrator's requests sign (its public `GET /v1/signing`)."""
+    return httpx.get(url + "/v1/signing").json()["pool"]
+
+
 def signed_raw(
     url: str,
     identity: Identity,
@@ -212,6 +217,7 @@ def signed_raw(
     **sign_args,
 ) -> httpx.Response:
     """Send one request whose signature headers can be tampered with (`headers` override)."""
+    sign_args.setdefault("pool", pool_id(url))
     signed = sign_request(identity, method, path, body_digest(body), **sign_args)
     if body and method != "PUT":
         signed["Content-Type"] = "application/json"

@@ -27,6 +27,8 @@ from swarmrl.identity import (
 )
 from swarmrl.identity.cli import register
 
+POOL = "0123456789abcdef" * 2  # a pool id: the signed text names it
+
 
 def test_key_file_is_owner_only_and_never_overwritten(tmp_path):
     path = tmp_path / "worker.key"
@@ -72,15 +74,17 @@ def test_signature_is_a_standard_eip191_signature():
     prefix and the canonical text, public key recovered, address = last 20 bytes."""
     identity = Identity.generate()
     body = b'{"policy_step": 3}'
-    headers = sign_request(identity, "POST", "/v1/assignments?x=1", body_digest(body))
+    headers = sign_request(identity, "POST", "/v1/assignments?x=1", body_digest(body), pool=POOL)
     text = canonical_request(
+        POOL,
         "POST",
         "/v1/assignments?x=1",
         body_digest(body),
         int(headers["X-Timestamp"]),
         headers["X-Nonce"],
     )
-    assert text.startswith("swarmrl/1\nPOST\n/v1/assignments?x=1\n")
+    assert text.startswith(f"swarmrl/2\n{POOL}\nPOST\n/v1/assignments?x=1\n")
+    assert headers["X-Pool"] == POOL
     message = text.encode()
     digest = keccak(b"\x19Ethereum Signed Message:\n" + str(len(message)).encode() + message)
     sig = bytes.fromhex(headers["X-Signature"][2:])
@@ -91,10 +95,11 @@ def test_signature_is_a_standard_eip191_signature():
     assert len(headers["X-Nonce"]) >= 32
 
 
-@pytest.mark.parametrize("field", ["method", "path", "body", "timestamp", "nonce"])
+@pytest.mark.parametrize("field", ["pool", "method", "path", "body", "timestamp", "nonce"])
 def test_signature_covers_every_field(field):
     identity = Identity.generate()
     parts = {
+        "pool": POOL,
         "method": "POST",
         "path": "/v1/heartbeat",
         "body": body_digest(b"{}"),
@@ -106,21 +111,21 @@ def test_signature_covers_every_field(field):
         parts["method"],
         parts["path"],
         parts["body"],
+        pool=parts["pool"],
         timestamp=parts["timestamp"],
         nonce=parts["nonce"],
     )
     signed = parse_signed_headers(headers)
     changed = dict(parts)
     changed[field] = {
+        "pool": "ef" * 16,
         "method": "PUT",
         "path": "/v1/assignments",
         "body": body_digest(b"{ }"),
         "timestamp": 1_800_000_001,
         "nonce": "cd" * 16,
     }[field]
-    text = canonical_request(
-        changed["method"], changed["path"], changed["body"], changed["timestamp"], changed["nonce"]
-    )
+    text = canonical_request(*changed.values())
     assert recover_signer(text, signed.signature) != identity.address
     same = canonical_request(*parts.values())
     assert recover_signer(same, signed.signature) == identity.address
@@ -129,7 +134,9 @@ def test_signature_covers_every_field(field):
 # -- hostile input: the header parser and the canonical text --------------------------------
 
 
-HONEST = sign_request(Identity.from_hex("0x" + "11" * 32), "GET", "/v1/status", body_digest(b""))
+HONEST = sign_request(
+    Identity.from_hex("0x" + "11" * 32), "GET", "/v1/status", body_digest(b""), pool=POOL
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -145,6 +152,7 @@ def test_header_parser_never_crashes(drop, replace, extra):
     except SignatureError:
         return
     assert signed.address.startswith("0x") and len(signed.signature) == 65
+    assert signed.pool == headers["X-Pool"]
 
 
 @settings(max_examples=300, deadline=None)
@@ -155,7 +163,7 @@ def test_mutated_header_value_never_crashes(position, char, key):
     try:
         signed = parse_signed_headers(HONEST | {key: mutated})
         text = canonical_request(
-            "GET", "/v1/status", body_digest(b""), signed.timestamp, signed.nonce
+            signed.pool, "GET", "/v1/status", body_digest(b""), signed.timestamp, signed.nonce
         )
         recover_signer(text, signed.signature)
     except SignatureError:
@@ -164,6 +172,7 @@ def test_mutated_header_value_never_crashes(position, char, key):
 
 @settings(max_examples=300, deadline=None)
 @given(
+    pool=st.text(max_size=40) | st.just(POOL),
     method=st.text(max_size=10),
     path=st.text(max_size=50),
     digest=st.text(max_size=70),
@@ -171,11 +180,13 @@ def test_mutated_header_value_never_crashes(position, char, key):
     nonce=st.text(max_size=140),
     signature=st.binary(max_size=70),
 )
-def test_canonical_text_and_recovery_never_crash(method, path, digest, timestamp, nonce, signature):
+def test_canonical_text_and_recovery_never_crash(
+    pool, method, path, digest, timestamp, nonce, signature
+):
     try:
-        text = canonical_request(method, path, digest, timestamp, nonce)
+        text = canonical_request(pool, method, path, digest, timestamp, nonce)
     except SignatureError:
         return
-    assert text.count("\n") == 5
+    assert text.count("\n") == 6
     with contextlib.suppress(SignatureError):
         recover_signer(text, signature)

@@ -11,9 +11,11 @@ import httpx
 import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
+from sqlalchemy import func, select
 
-from pool_fixtures import BACKENDS, make_pool, rollout_file, signed_raw
+from pool_fixtures import BACKENDS, make_pool, pool_id, rollout_file, signed_raw
 from swarmrl.identity import Identity, body_digest, sign_request
+from swarmrl.ledger import Ledger, Nonce
 from swarmrl.orchestrator import OrchestratorThread
 from swarmrl.orchestrator.issuance import assignment_seed
 from swarmrl.protocol import PoolClient, PoolRefused, PoolUnreachable
@@ -56,7 +58,9 @@ def test_forged_signature_is_refused(pool):
     forger = Identity.generate()
     body = b'{"policy_step": 0}'
     # Headers claim the worker's address; the signature is another key's.
-    forged = sign_request(forger, "POST", "/v1/assignments", body_digest(body))
+    forged = sign_request(
+        forger, "POST", "/v1/assignments", body_digest(body), pool=pool_id(pool.url)
+    )
     r = unchanged(
         pool,
         lambda: signed_raw(
@@ -108,7 +112,12 @@ def test_request_signed_for_another_address_is_refused(pool):
 
 def test_signature_binds_method_path_and_body(pool):
     worker = pool.workers[0]
-    good = sign_request(worker.identity, "POST", "/v1/heartbeat", body_digest(b"{}")) | JSON
+    good = (
+        sign_request(
+            worker.identity, "POST", "/v1/heartbeat", body_digest(b"{}"), pool=pool_id(pool.url)
+        )
+        | JSON
+    )
     with httpx.Client(base_url=pool.url) as http:
         # The same headers on another path, and with another body.
         other_path = http.post("/v1/assignments", content=b'{"policy_step": 0}', headers=good)
@@ -120,7 +129,12 @@ def test_signature_binds_method_path_and_body(pool):
 def test_replayed_nonce_is_refused_within_the_window(pool):
     worker = pool.workers[0]
     body = b'{"policy_step": 0}'
-    headers = sign_request(worker.identity, "POST", "/v1/assignments", body_digest(body)) | JSON
+    headers = (
+        sign_request(
+            worker.identity, "POST", "/v1/assignments", body_digest(body), pool=pool_id(pool.url)
+        )
+        | JSON
+    )
     with httpx.Client(base_url=pool.url) as http:
         first = http.post("/v1/assignments", content=body, headers=headers)
         assert first.status_code == 200 and first.json()["assignment"] is not None
@@ -134,7 +148,12 @@ def test_replayed_nonce_is_refused_within_the_window(pool):
 def test_replayed_nonce_is_refused_after_a_restart(pool):
     worker = pool.workers[0]
     body = b'{"policy_step": 0}'
-    headers = sign_request(worker.identity, "POST", "/v1/assignments", body_digest(body)) | JSON
+    headers = (
+        sign_request(
+            worker.identity, "POST", "/v1/assignments", body_digest(body), pool=pool_id(pool.url)
+        )
+        | JSON
+    )
     with httpx.Client(base_url=pool.url) as http:
         assert http.post("/v1/assignments", content=body, headers=headers).status_code == 200
     pool.restart()
@@ -145,19 +164,56 @@ def test_replayed_nonce_is_refused_after_a_restart(pool):
     assert pool.ledger_state() == before
 
 
-def test_a_refused_request_spends_its_nonce_too(pool):
-    # Refused now (the sender is not registered yet), it must not be served when replayed
-    # later, once the pool would accept it.
+def test_a_strangers_refused_request_is_not_served_once_it_registers(pool):
+    # Refused now (the sender is not registered yet, so nothing is written), it must not
+    # be served when replayed later, once the pool would accept it: it was signed before
+    # the key's registration.
     newcomer = Identity.generate()
     body = b'{"policy_step": 0}'
-    headers = sign_request(newcomer, "POST", "/v1/heartbeat", body_digest(body)) | JSON
+    signed_at = int(time.time()) - 1
+    headers = (
+        sign_request(
+            newcomer,
+            "POST",
+            "/v1/heartbeat",
+            body_digest(body),
+            pool=pool_id(pool.url),
+            timestamp=signed_at,
+        )
+        | JSON
+    )
     with httpx.Client(base_url=pool.url) as http:
+        before = pool.ledger_state()
         first = http.post("/v1/heartbeat", content=body, headers=headers)
         assert first.status_code == 403, first.text
+        assert pool.ledger_state() == before
         pool.client(newcomer).register("worker")
         replay = http.post("/v1/heartbeat", content=body, headers=headers)
     assert replay.status_code == 401, replay.text
-    assert "nonce already used" in replay.json()["detail"]
+    assert "before" in replay.json()["detail"] and "registered" in replay.json()["detail"]
+
+
+def test_strangers_refused_requests_write_no_nonce_rows(pool):
+    ledger = Ledger(pool.config.ledger)
+    try:
+
+        def nonce_rows() -> int:
+            with ledger.session() as s:
+                return int(s.scalar(select(func.count()).select_from(Nonce)) or 0)
+
+        before = nonce_rows()
+        with httpx.Client(base_url=pool.url) as http:
+            for _ in range(50):
+                stranger = Identity.generate()
+                body = b'{"policy_step": 0}'
+                headers = sign_request(
+                    stranger, "POST", "/v1/assignments", body_digest(body), pool=pool_id(pool.url)
+                )
+                r = http.post("/v1/assignments", content=body, headers=headers | JSON)
+                assert r.status_code == 403, r.text
+        assert nonce_rows() == before
+    finally:
+        ledger.close()
 
 
 def test_a_rate_limited_request_spends_its_nonce_too(tmp_path):
@@ -167,7 +223,10 @@ def test_a_rate_limited_request_spends_its_nonce_too(tmp_path):
         # registering takes the one token; the heartbeat is over the rate
         p.client(worker).register("worker")
         body = b'{"policy_step": 0}'
-        headers = sign_request(worker, "POST", "/v1/heartbeat", body_digest(body)) | JSON
+        headers = (
+            sign_request(worker, "POST", "/v1/heartbeat", body_digest(body), pool=pool_id(p.url))
+            | JSON
+        )
         with httpx.Client(base_url=p.url) as http:
             assert http.post("/v1/heartbeat", content=body, headers=headers).status_code == 429
             replay = http.post("/v1/heartbeat", content=body, headers=headers)
@@ -307,7 +366,9 @@ def test_oversized_upload_is_refused(tmp_path):
 
         # Without a declared length (chunked), the stream is cut at the limit.
         def chunked():
-            headers = sign_request(worker.identity, "PUT", path, body_digest(big))
+            headers = sign_request(
+                worker.identity, "PUT", path, body_digest(big), pool=pool_id(p.url)
+            )
             with httpx.Client(base_url=p.url) as http:
                 return http.put(path, content=iter([big[:3000], big[3000:]]), headers=headers)
 
@@ -325,7 +386,7 @@ def test_hash_mismatch_is_refused(pool):
     claimed = body_digest(data + b"!")
     path = f"/v1/assignments/{a.id}/rollout?sha256={claimed}"
     # Signed over the claimed hash (as a streaming sender does); the bytes differ.
-    headers = sign_request(worker.identity, "PUT", path, claimed)
+    headers = sign_request(worker.identity, "PUT", path, claimed, pool=pool_id(pool.url))
     with httpx.Client(base_url=pool.url) as http:
         r = unchanged(pool, lambda: http.put(path, content=data, headers=headers), 400)
     assert "hash to" in r.json()["detail"]
@@ -701,6 +762,7 @@ def test_openapi_schema_lists_every_endpoint(pool):
     schema = httpx.get(pool.url + "/openapi.json").json()
     assert set(schema["paths"]) == {
         "/v1/status",
+        "/v1/signing",
         "/v1/register",
         "/v1/heartbeat",
         "/v1/assignments",

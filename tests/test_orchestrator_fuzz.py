@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from pool_fixtures import make_pool, rollout_file, signed_raw
+from pool_fixtures import make_pool, pool_id, rollout_file, signed_raw
 from swarmrl.identity import Identity, body_digest, sign_request
 from swarmrl.protocol import models as api
 
@@ -184,7 +184,7 @@ def test_mutated_rollout_files_never_crash_the_server(pool, edits):
     data = mutate(data, edits)
     sha = body_digest(data)
     path = f"/v1/assignments/{open_.id}/rollout?sha256={sha}"
-    headers = sign_request(worker.identity, "PUT", path, sha)
+    headers = sign_request(worker.identity, "PUT", path, sha, pool=pool_id(pool.url))
     with httpx.Client(base_url=pool.url, timeout=60) as http:
         r = http.put(path, content=data, headers=headers)
     assert r.status_code in (201, 422), r.text

@@ -11,7 +11,7 @@ import sys
 import httpx
 import pytest
 
-from pool_fixtures import JSON, rollout_file
+from pool_fixtures import JSON, pool_id, rollout_file
 from swarmrl.identity import Identity, body_digest, sign_request
 from swarmrl.ledger import Ledger, check_ledger, snapshot
 from swarmrl.protocol import PoolClient, PoolRefused
@@ -77,7 +77,10 @@ def test_killed_orchestrator_restarts_with_everything(tmp_path):
         v.post_verdict(info.file_hash, True)
         pending = w.assignment(0).assignment
         body = b'{"policy_step": 0}'
-        replay = sign_request(worker, "POST", "/v1/assignments", body_digest(body)) | JSON
+        replay = (
+            sign_request(worker, "POST", "/v1/assignments", body_digest(body), pool=pool_id(url))
+            | JSON
+        )
         assert httpx.post(url + "/v1/assignments", content=body, headers=replay).status_code == 200
     finally:
         proc.send_signal(signal.SIGKILL)

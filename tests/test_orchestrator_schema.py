@@ -31,7 +31,7 @@ from schemathesis.specs.openapi.checks import (
     unsupported_method,
 )
 
-from pool_fixtures import make_pool, rollout_file
+from pool_fixtures import make_pool, pool_id, rollout_file
 from swarmrl.identity import Identity, body_digest, sign_request
 
 # Who may call each tag's operations ("members": any registered key; "public": anyone).
@@ -83,8 +83,10 @@ class SignedBy(requests.auth.AuthBase):
         claimed = parse_qs(urlsplit(request.path_url).query).get("sha256", [""])[-1]
         if request.method == "PUT" and re.fullmatch(r"[0-9a-f]{64}", claimed):
             digest = claimed
+        where = urlsplit(request.url)
+        pool = pool_id(f"{where.scheme}://{where.netloc}")
         request.headers.update(
-            sign_request(self.identity, request.method, request.path_url, digest)
+            sign_request(self.identity, request.method, request.path_url, digest, pool=pool)
         )
         return request
 

@@ -1,13 +1,17 @@
 """Signed requests: every call to the orchestrator is signed by its sender's key.
 
-The signed text binds the method, the path with its query, the SHA-256 of the body, a
-timestamp and a nonce (docs/architecture.md §4.5):
+The signed text binds the pool, the method, the path with its query, the SHA-256 of
+the body, a timestamp and a nonce (docs/orchestrator.md):
 
-    swarmrl/1\n<METHOD>\n<path with query>\n<sha256 hex of the body>\n<timestamp>\n<nonce>
+    swarmrl/2\n<pool id>\n<METHOD>\n<path with query>\n<sha256 hex of the body>\n<timestamp>\n<nonce>
 
 It is signed as an EIP-191 personal message, so any Ethereum tool can check it. The
-receiver recovers the signer from the signature and requires it to equal `X-Address`;
-the timestamp window and the nonce ledger (against replay) are the orchestrator's job.
+pool id (which the orchestrator serves at `GET /v1/signing`) makes a request signed for
+one pool worthless at another, even with the same key; it also travels in the `X-Pool`
+header, whose absence marks a client of the old protocol `swarmrl/1`, which named no
+pool. The receiver recovers the signer from the signature and requires it to equal
+`X-Address`; the timestamp window and the nonce ledger (against replay) are the
+orchestrator's job.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from eth_utils import to_checksum_address
 
 from swarmrl.identity.keys import Identity
 
-PROTOCOL = "swarmrl/1"
+PROTOCOL = "swarmrl/2"
+HEADER_POOL = "X-Pool"
 HEADER_ADDRESS = "X-Address"
 HEADER_TIMESTAMP = "X-Timestamp"
 HEADER_NONCE = "X-Nonce"
@@ -38,16 +43,22 @@ _SIGNATURE = re.compile(r"0x[0-9a-fA-F]{130}")
 _TIMESTAMP = re.compile(r"[0-9]{1,12}")
 _METHOD = re.compile(r"[A-Z]{3,7}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+POOL_ID = re.compile(r"[0-9a-f]{32}")
 
 
 class SignatureError(ValueError):
     """Signature headers are missing, malformed, or do not prove the claimed address."""
 
 
+class OldProtocolError(SignatureError):
+    """The request is signed by a client of `swarmrl/1`, whose text named no pool."""
+
+
 @dataclass(frozen=True)
 class SignedHeaders:
-    """The four signature headers of a request, parsed and shape-checked."""
+    """The signature headers of a request, parsed and shape-checked."""
 
+    pool: str
     address: str  # EIP-55 checksummed
     timestamp: int
     nonce: str
@@ -59,9 +70,11 @@ def body_digest(body: bytes) -> str:
 
 
 def canonical_request(
-    method: str, path_with_query: str, body_sha256: str, timestamp: int, nonce: str
+    pool: str, method: str, path_with_query: str, body_sha256: str, timestamp: int, nonce: str
 ) -> str:
     """The exact text a request's signature covers."""
+    if not POOL_ID.fullmatch(pool):
+        raise SignatureError("the pool id must be 32 lowercase hex digits")
     if not _METHOD.fullmatch(method):
         raise SignatureError(f"method {method!r} is not an HTTP method name")
     if not path_with_query.startswith("/") or "\n" in path_with_query:
@@ -70,7 +83,9 @@ def canonical_request(
         raise SignatureError("the body digest must be 64 lowercase hex digits")
     if not _NONCE.fullmatch(nonce):
         raise SignatureError("the nonce must be 32 to 128 lowercase hex digits")
-    return f"{PROTOCOL}\n{method}\n{path_with_query}\n{body_sha256}\n{int(timestamp)}\n{nonce}"
+    return (
+        f"{PROTOCOL}\n{pool}\n{method}\n{path_with_query}\n{body_sha256}\n{int(timestamp)}\n{nonce}"
+    )
 
 
 def sign_request(
@@ -79,15 +94,18 @@ def sign_request(
     path_with_query: str,
     body_sha256: str,
     *,
+    pool: str,
     timestamp: int | None = None,
     nonce: str | None = None,
 ) -> dict[str, str]:
-    """The four headers that sign one request (a fresh nonce and the current time by default)."""
+    """The headers that sign one request for `pool` (a fresh nonce and the current time by
+    default)."""
     timestamp = int(time.time()) if timestamp is None else int(timestamp)
     nonce = secrets.token_hex(NONCE_BYTES) if nonce is None else nonce
-    text = canonical_request(method, path_with_query, body_sha256, timestamp, nonce)
+    text = canonical_request(pool, method, path_with_query, body_sha256, timestamp, nonce)
     signed = Account.sign_message(encode_defunct(text=text), identity.account.key)
     return {
+        HEADER_POOL: pool,
         HEADER_ADDRESS: identity.address,
         HEADER_TIMESTAMP: str(timestamp),
         HEADER_NONCE: nonce,
@@ -96,10 +114,18 @@ def sign_request(
 
 
 def parse_signed_headers(headers: Mapping[str, str]) -> SignedHeaders:
-    """Shape-check the signature headers (any case); raises SignatureError naming the bad one."""
+    """Shape-check the signature headers (any case); raises SignatureError naming the bad
+    one, OldProtocolError for a signed request without `X-Pool` (a `swarmrl/1` client)."""
     lowered = {k.lower(): v for k, v in headers.items()}
+    if HEADER_POOL.lower() not in lowered and HEADER_SIGNATURE.lower() in lowered:
+        raise OldProtocolError(
+            f"the request is signed without {HEADER_POOL}: a client of the old protocol "
+            f"swarmrl/1, whose signatures name no pool; this orchestrator speaks {PROTOCOL}: "
+            "upgrade swarmrl on the sending machine"
+        )
     values = {}
     for name, pattern in (
+        (HEADER_POOL, POOL_ID),
         (HEADER_ADDRESS, _ADDRESS),
         (HEADER_TIMESTAMP, _TIMESTAMP),
         (HEADER_NONCE, _NONCE),
@@ -112,6 +138,7 @@ def parse_signed_headers(headers: Mapping[str, str]) -> SignedHeaders:
             raise SignatureError(f"malformed header {name}")
         values[name] = value
     return SignedHeaders(
+        pool=values[HEADER_POOL],
         address=to_checksum_address(values[HEADER_ADDRESS]),
         timestamp=int(values[HEADER_TIMESTAMP]),
         nonce=values[HEADER_NONCE],

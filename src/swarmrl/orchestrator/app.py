@@ -25,10 +25,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import ClientDisconnect
 
-from swarmrl.identity import body_digest
+from swarmrl.identity import PROTOCOL, body_digest
 from swarmrl.ledger import Ledger
-from swarmrl.orchestrator.auth import Caller, RateLimiter, RequestVerifier
+from swarmrl.orchestrator.auth import Caller, RateLimiter, RequestVerifier, pool_id
 from swarmrl.orchestrator.config import OrchestratorConfig
+from swarmrl.orchestrator.gate import CALLER, SignedJsonGate, request_path
 from swarmrl.orchestrator.pool import Pool, Refusal, UploadedFile, read_allowlist
 from swarmrl.orchestrator.store import RolloutStore
 from swarmrl.protocol import models as api
@@ -37,10 +38,10 @@ log = logging.getLogger("swarmrl.orchestrator")
 
 MAX_JSON_BYTES = 1 << 20
 HASH = r"^[0-9a-f]{64}$"
-# FastAPI answers 400 for a JSON body that is not UTF-8; `invalid` answers 422 in one
+# The gate answers 400 for a body that is not bounded JSON; `invalid` answers 422 in one
 # line (not FastAPI's default list of errors).
 ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"model": api.Problem, "description": "the body is not UTF-8"},
+    400: {"model": api.Problem, "description": "the body is not JSON, or nested too deep"},
     401: {"model": api.Problem, "description": "bad signature, timestamp or nonce"},
     403: {"model": api.Problem, "description": "unregistered sender or wrong role"},
     422: {"model": api.Problem, "description": "a malformed parameter or body"},
@@ -67,10 +68,7 @@ def load_or_create_secret(path: Path) -> bytes:
 
 def signed_path(request: Request) -> str:
     """The path and query exactly as sent: what the sender signed."""
-    path = request.scope.get("raw_path") or request.url.path.encode()
-    query = request.scope.get("query_string", b"")
-    text = path.decode("latin-1")
-    return f"{text}?{query.decode('latin-1')}" if query else text
+    return request_path(request.scope)
 
 
 class BodyLimit:
@@ -111,16 +109,18 @@ class BodyLimit:
 def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.time) -> FastAPI:
     ledger = Ledger(config.ledger)
     store = RolloutStore(config.store)
+    secret = load_or_create_secret(Path(config.secret_file))
     pool = Pool(
         config,
         ledger,
         store,
-        load_or_create_secret(Path(config.secret_file)),
+        secret,
         read_allowlist(config.allowlist),
         clock=clock,
         limiter=RateLimiter(config.rate_per_second, config.rate_burst),
     )
-    verifier = RequestVerifier(config.timestamp_window)
+    signing = api.SigningInfo(protocol=PROTOCOL, pool=pool_id(secret, config.run_id))
+    verifier = RequestVerifier(config.timestamp_window, signing.pool)
     spool = tempfile.TemporaryDirectory(prefix="swarmrl-uploads-")
 
     @contextlib.asynccontextmanager
@@ -147,12 +147,15 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
         title="swarmrl orchestrator",
         version="1",
         description="The pool's front door: identities, heartbeats, assignments, uploads, "
-        "submissions for the trainer, validation and verdicts. Requests are signed (X-Address, "
-        "X-Timestamp, X-Nonce, X-Signature: EIP-191 over "
-        "'swarmrl/1\\n<METHOD>\\n<path?query>\\n<sha256 of body>\\n<timestamp>\\n<nonce>').",
+        "submissions for the trainer, validation and verdicts. Requests are signed (X-Pool, "
+        "X-Address, X-Timestamp, X-Nonce, X-Signature: EIP-191 over 'swarmrl/2\\n<pool id>"
+        "\\n<METHOD>\\n<path?query>\\n<sha256 of body>\\n<timestamp>\\n<nonce>'; the pool id "
+        "is served at GET /v1/signing).",
         lifespan=lifespan,
     )
     app.state.pool = pool
+    # Added last, run first: the body limit, then the gate (signature, bounded JSON).
+    app.add_middleware(SignedJsonGate, verifier=verifier)
     app.add_middleware(BodyLimit, upload_limit=config.max_upload_bytes)
 
     @app.exception_handler(Refusal)
@@ -171,12 +174,20 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
     async def signed(request: Request) -> Caller:
         # On the event loop: the checks need no ledger (a fraction of a millisecond), and a
         # thread hand-off would cost more than they do. The route's act spends the nonce.
+        # A request with a body was proven by the gate before its body was parsed.
+        if CALLER in request.scope:
+            return request.scope[CALLER]
         body = await request.body()
         return verifier.verify(
             request.method, signed_path(request), request.headers, body_digest(body)
         )
 
     Signed = Annotated[Caller, Depends(signed)]
+
+    @app.get("/v1/signing", response_model=api.SigningInfo, tags=["public"])
+    def signing_info() -> api.SigningInfo:
+        """What a request to this pool signs: the protocol and the pool id its text names."""
+        return signing
 
     @app.get("/v1/status", response_model=api.PoolStatus, tags=["public"])
     def status() -> api.PoolStatus:

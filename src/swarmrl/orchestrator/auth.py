@@ -1,7 +1,8 @@
 """Signed-request checks: who sent a request, proven before the pool sees it.
 
-In order, cheapest first: the four headers are well formed; the timestamp is inside
-the window; the signature over the canonical request recovers to `X-Address`. These
+In order, cheapest first: the headers are well formed and name this pool (a client of
+the old protocol, whose signatures named no pool, is told to upgrade); the timestamp is
+inside the window; the signature over the canonical request recovers to `X-Address`. These
 need no ledger, so they run on the event loop and a forged request costs no thread and
 no transaction. The pool then spends the nonce (kept in the ledger for the whole
 window, so neither a replay nor an orchestrator restart reopens it) and applies the
@@ -11,12 +12,16 @@ sender's rate limit, in the same transaction as the request's action
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from swarmrl.identity import (
+    PROTOCOL,
+    OldProtocolError,
     SignatureError,
     canonical_request,
     parse_signed_headers,
@@ -61,15 +66,32 @@ class RateLimiter:
             return True
 
 
+def pool_id(secret: bytes, run_id: str | None) -> str:
+    """The id every request to this pool signs: from the orchestrator's secret (so it
+    survives restarts) and the run id (so one secret serving two runs makes two pools)."""
+    text = f"swarmrl pool id\n{run_id or ''}".encode()
+    return hmac.new(secret, text, hashlib.sha256).hexdigest()[:32]
+
+
 class RequestVerifier:
-    def __init__(self, window: float) -> None:
+    def __init__(self, window: float, pool: str) -> None:
         self.window = window
+        self.pool = pool
 
     def verify(self, method: str, path_with_query: str, headers, body_sha256: str) -> Caller:
         try:
             signed = parse_signed_headers(headers)
+        except OldProtocolError as exc:
+            raise Refusal(426, str(exc)) from None
         except SignatureError as exc:
             raise Refusal(401, str(exc)) from None
+        if signed.pool != self.pool:
+            # The signature would not recover anyway (the text names the pool): say why.
+            raise Refusal(
+                401,
+                f"signed for pool {signed.pool}; this orchestrator serves pool {self.pool} "
+                f"({PROTOCOL}, GET /v1/signing): check the orchestrator URL",
+            )
         skew = signed.timestamp - time.time()
         if abs(skew) > self.window:
             raise Refusal(
@@ -79,7 +101,7 @@ class RequestVerifier:
             )
         try:
             text = canonical_request(
-                method, path_with_query, body_sha256, signed.timestamp, signed.nonce
+                self.pool, method, path_with_query, body_sha256, signed.timestamp, signed.nonce
             )
             signer = recover_signer(text, signed.signature)
         except SignatureError as exc:

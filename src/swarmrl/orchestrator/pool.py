@@ -68,6 +68,13 @@ TRAINABLE = (Submission.state == "accepted") | (
 # The statements of the per-request paths, built once: building a statement costs more
 # than running it on SQLite.
 _SPEND_NONCE = insert(Nonce)
+# A new member's registration leaves a row under this name (no nonce is spelled so: they
+# are hex) holding its register request's timestamp; swept with the nonces.
+REGISTERED = "registered"
+_REGISTERED_AT = select(Nonce.timestamp).where(
+    Nonce.address == bindparam("who"), Nonce.nonce == REGISTERED
+)
+_KNOWN = select(Member.address).where(Member.address == bindparam("who"))
 _MEMBER_STATUS = select(Member.status, Member.ejected_at).where(Member.address == bindparam("who"))
 _NEWEST = select(Checkpoint.step, Checkpoint.final).order_by(Checkpoint.step.desc()).limit(1)
 _HELD = select(func.count()).where(
@@ -227,12 +234,33 @@ class Pool:
     def signed_act(self, caller: Caller) -> Iterator[Session]:
         """The one locked transaction of a signed request's act, its nonce spent first in
         it (a replay is refused before anything else), then the sender's rate applied.
-        A request refused, or failing, after its nonce still spends the nonce, in a
-        transaction of its own: no signed request is ever acted on twice."""
+
+        A member's (or the owner's) request refused, or failing, after its nonce still
+        spends the nonce, in a transaction of its own: no signed request is ever acted on
+        twice. A stranger's refused request writes nothing, so strangers cannot fill the
+        ledger; once the key registers, its requests signed before its registration's
+        timestamp are refused, so what it sent as a stranger is not served later (the
+        same second excepted: timestamps are whole seconds)."""
         with self._lock:
+            # Checked again under the lock, on the sweep's clock: a request that waited
+            # here past the window might find its first use's nonce swept already.
+            if caller.timestamp < self.clock() - self.config.timestamp_window:
+                raise Refusal(
+                    401,
+                    f"timestamp {caller.timestamp} left the ±{self.config.timestamp_window:.0f} s "
+                    "window while the request waited; send it again",
+                )
             try:
                 with self.ledger.session() as s:
-                    self._spend_nonce(s.connection(), caller)
+                    c = s.connection()
+                    self._spend_nonce(c, caller)
+                    registered = c.execute(_REGISTERED_AT, {"who": caller.address}).scalar()
+                    if registered is not None and caller.timestamp < registered:
+                        raise Refusal(
+                            401,
+                            f"signed at {caller.timestamp}, before {caller.address} registered "
+                            f"(its registration was signed at {registered}): sign it anew",
+                        )
                     if self.limiter is not None and not self.limiter.allow(caller.address):
                         raise Refusal(429, f"{caller.address} is over its rate limit; slow down")
                     yield s
@@ -240,7 +268,9 @@ class Pool:
                 raise
             except BaseException:
                 with self.ledger.engine.begin() as c:
-                    self._spend_nonce(c, caller)
+                    known = caller.address == self.config.owner
+                    if known or c.execute(_KNOWN, {"who": caller.address}).first():
+                        self._spend_nonce(c, caller)
                 raise
 
     @staticmethod
@@ -319,6 +349,8 @@ class Pool:
                 s.add(m)
                 s.flush()  # the member row first: the heartbeat row refers to it
                 s.add(Heartbeat(address=address, last_at=now, beats=0))
+                # What it sent refused as a stranger (no nonce kept) is never served now.
+                s.add(Nonce(address=address, nonce=REGISTERED, timestamp=caller.timestamp))
             elif m.role != req.role:
                 raise Refusal(409, f"{address} is registered as a {m.role}, not a {req.role}")
             else:

@@ -17,10 +17,11 @@ from typing import IO
 from urllib.parse import urlencode
 
 import httpx
+import pydantic_core
 from pydantic import BaseModel
 
 from swarmrl.backoff import backoff_delay
-from swarmrl.identity import Identity, body_digest, sign_request
+from swarmrl.identity import PROTOCOL, Identity, body_digest, sign_request
 from swarmrl.protocol import models as api
 
 log = logging.getLogger("swarmrl.protocol")
@@ -61,6 +62,7 @@ class PoolClient:
         self.http = httpx.Client(base_url=self.url, timeout=timeout)
         self.retry_seconds = retry_seconds
         self.sleep = sleep
+        self._pool: str | None = None  # the pool id requests sign, asked for on first use
 
     def close(self) -> None:
         self.http.close()
@@ -87,16 +89,19 @@ class PoolClient:
         open_content: Callable[[], IO[bytes]] | None = None,
         content_sha256: str | None = None,
         stream: bool = False,
+        signed: bool = True,
     ) -> httpx.Response:
-        """One signed request, retried on connection errors; `open_content` opens a
-        streamed body anew for each attempt."""
+        """One request, signed when this client has a key (and `signed`), retried on
+        connection errors; `open_content` opens a streamed body anew for each attempt."""
         if query:
             path = f"{path}?{urlencode(query)}"
         give_up = time.monotonic() + self.retry_seconds
         failures = 0
         while True:
             try:
-                response = self._attempt(method, path, body, open_content, content_sha256, stream)
+                response = self._attempt(
+                    method, path, body, open_content, content_sha256, stream, signed
+                )
                 break
             except httpx.TransportError as exc:
                 failures += 1
@@ -112,9 +117,12 @@ class PoolClient:
             if stream:
                 response.read()
             try:
-                detail = response.json().get("detail", response.text)
+                problem = pydantic_core.from_json(response.content)  # bounded nesting
             except ValueError:
-                detail = response.text
+                problem = None
+            detail = problem.get("detail") if isinstance(problem, dict) else None
+            if detail is None:
+                detail = response.text[:1000]
             raise PoolRefused(response.status_code, str(detail), method, path)
         return response
 
@@ -126,6 +134,7 @@ class PoolClient:
         open_content: Callable[[], IO[bytes]] | None,
         content_sha256: str | None,
         stream: bool,
+        signed: bool,
     ) -> httpx.Response:
         headers = {}
         content: bytes | IO[bytes] | None = None
@@ -133,8 +142,8 @@ class PoolClient:
             content = body.model_dump_json().encode()
             headers["Content-Type"] = "application/json"
         digest = content_sha256 or body_digest(content if isinstance(content, bytes) else b"")
-        if self.identity is not None:
-            headers.update(sign_request(self.identity, method, path, digest))
+        if self.identity is not None and signed:
+            headers.update(sign_request(self.identity, method, path, digest, pool=self.pool()))
         fh = open_content() if open_content is not None else None
         try:
             request = self.http.build_request(
@@ -144,6 +153,34 @@ class PoolClient:
         finally:
             if fh is not None:
                 fh.close()
+
+    def pool(self) -> str:
+        """The id of the pool this orchestrator serves, which every signed request names
+        (asked once: it changes only with the orchestrator's secret or run id)."""
+        if self._pool is None:
+            try:
+                r = self._send("GET", "/v1/signing", signed=False)
+            except PoolRefused as exc:
+                if exc.status != 404:
+                    raise
+                raise PoolRefused(
+                    426,
+                    f"the orchestrator at {self.url} does not say which pool it serves: it is "
+                    f"older than this client, which signs {PROTOCOL}; upgrade the orchestrator",
+                    "GET",
+                    "/v1/signing",
+                ) from None
+            info = api.SigningInfo.model_validate_json(r.content)
+            if info.protocol != PROTOCOL:
+                raise PoolRefused(
+                    426,
+                    f"the orchestrator at {self.url} speaks {info.protocol}, this client "
+                    f"{PROTOCOL}: run the same swarmrl version on both",
+                    "GET",
+                    "/v1/signing",
+                )
+            self._pool = info.pool
+        return self._pool
 
     # -- every member -------------------------------------------------------------------
 
@@ -156,7 +193,7 @@ class PoolClient:
         return api.HeartbeatResponse.model_validate_json(r.content)
 
     def status(self) -> api.PoolStatus:
-        r = self._send("GET", "/v1/status")
+        r = self._send("GET", "/v1/status", signed=False)
         return api.PoolStatus.model_validate_json(r.content)
 
     # -- workers ------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Request and response bodies of the orchestrator's API, shared by server and client.
 
-Request models forbid unknown fields and bound every number and string: they parse
-what untrusted members send.
+Request models are strict (no coercion: `false` is no number, `"3"` no integer), forbid
+unknown fields and bound every number and string: they parse what untrusted members send.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ Role = Literal["worker", "trainer", "validator", "relay"]
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: a member's `false` is not the step 0, nor its "3" the step 3.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class RegisterRequest(_Request):
@@ -226,3 +227,10 @@ class PoolStatus(BaseModel):
 
 class Problem(BaseModel):
     detail: str
+
+
+class SigningInfo(BaseModel):
+    """What every signed request to this pool must sign (docs/orchestrator.md)."""
+
+    protocol: str = Field(description="the signed text's first line, e.g. swarmrl/2")
+    pool: str = Field(description="the pool id: the signed text's second line, and X-Pool")

@@ -18,6 +18,8 @@ import json
 import re
 from dataclasses import dataclass
 
+import pydantic_core
+
 DISTRIBUTION_FILE = "distribution.txt"
 PROBE_FILE = "data1.bin"
 MANIFEST_FILE = "manifest.json"
@@ -159,7 +161,9 @@ class Manifest:
     @classmethod
     def from_json(cls, text: str | bytes) -> Manifest:
         try:
-            raw = json.loads(text)
+            # A relay is not trusted: bounded nesting (Python's C scanner recurses once per
+            # bracket, and py_ecc lifts the recursion limit past the C stack).
+            raw = pydantic_core.from_json(text)
             if raw.get("format") != MANIFEST_FORMAT:
                 raise LayoutError(
                     f"manifest format is {raw.get('format')!r}, expected {MANIFEST_FORMAT!r}"

@@ -1,0 +1,96 @@
+"""The front gate: a request with a body is proven signed, and its body checked as
+bounded JSON, before the application parses a byte of it.
+
+FastAPI parses a route's JSON body before the route's dependencies run, so a signature
+check in a dependency comes too late: a stranger's body would reach Python's JSON
+scanner first. That scanner recurses once per nested bracket, and `py_ecc` (imported
+through `eth_account`) raises the interpreter's recursion limit to 100,000, past what
+the C stack holds: one unsigned body of 70,000 nested brackets crashed the process. The
+gate runs first, as ASGI middleware, on every request that carries a body to parse
+(every method but GET and HEAD, except the rollout upload, which checks its signature
+over the hash it claims before it reads the stream):
+
+1. the body is read whole (the body limit in front of the gate caps it at 1 MiB);
+2. the signature is checked over its bytes (`RequestVerifier`: no ledger, no parse);
+   a refusal answers at once and nothing is parsed;
+3. a non-empty body must be JSON that `pydantic_core.from_json` parses: it is linear in
+   the body's size and refuses nesting deeper than about 200 without recursing deeper;
+4. the proven caller is handed to the route in the request's scope (`CALLER`), and the
+   buffered body is handed on unchanged.
+"""
+
+from __future__ import annotations
+
+import pydantic_core
+from fastapi.responses import JSONResponse
+
+from swarmrl.identity import body_digest
+from swarmrl.orchestrator.auth import RequestVerifier
+from swarmrl.orchestrator.pool import Refusal
+
+CALLER = "swarmrl.caller"  # scope key: the `Caller` the gate proved
+
+
+def request_path(scope) -> str:
+    """The path and query exactly as sent: what the sender signed."""
+    path = scope.get("raw_path") or scope["path"].encode()
+    query = scope.get("query_string", b"")
+    text = path.decode("latin-1")
+    return f"{text}?{query.decode('latin-1')}" if query else text
+
+
+def _gated(scope) -> bool:
+    if scope["method"] in ("GET", "HEAD"):
+        return False  # no body is parsed: the route's dependency checks the signature
+    return not (scope["method"] == "PUT" and scope["path"].endswith("/rollout"))
+
+
+class SignedJsonGate:
+    """ASGI middleware: see the module docstring."""
+
+    def __init__(self, app, verifier: RequestVerifier) -> None:
+        self.app = app
+        self.verifier = verifier
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or not _gated(scope):
+            await self.app(scope, receive, send)
+            return
+        try:
+            body = await self._read(receive)
+            if body is None:
+                return  # the sender went away: nobody to answer
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            caller = self.verifier.verify(
+                scope["method"], request_path(scope), headers, body_digest(body)
+            )
+            if body:
+                try:
+                    pydantic_core.from_json(body)
+                except ValueError as exc:
+                    raise Refusal(400, f"the body is not JSON: {str(exc)[:200]}") from None
+        except Refusal as refused:
+            response = JSONResponse({"detail": refused.detail}, status_code=refused.status)
+            await response(scope, receive, send)
+            return
+        delivered = False
+
+        async def replay():
+            nonlocal delivered
+            if delivered:
+                return await receive()  # after the body: the disconnect, when it comes
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope | {CALLER: caller}, replay, send)
+
+    @staticmethod
+    async def _read(receive) -> bytes | None:
+        parts: list[bytes] = []
+        while True:
+            message = await receive()  # the body limit raises Refusal(413) past its cap
+            if message["type"] == "http.disconnect":
+                return None
+            parts.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                return b"".join(parts)
