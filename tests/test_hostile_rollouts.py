@@ -621,6 +621,11 @@ def test_no_replay_slack_for_an_improbable_token():
 # advantages rescored. Only the replay can tell.
 
 OLD_REPLAY = ValidatorSettings(replay_tolerance=1e-3, replay_floor=0.0)  # the slack once allowed
+# The defaults before the tolerance was set from the measured drift (docs/validator.md).
+PREVIOUS_REPLAY = ValidatorSettings(
+    replay_tolerance=1e-4, replay_floor=1e-4, replay_floor_tolerance=0.0
+)
+LIKELY = 0.05  # a "likely" neighbour: the issue's was 0.58
 
 
 @dataclasses.dataclass(frozen=True)
@@ -654,10 +659,15 @@ def find_swap(run: Run, cols: dict, kind: str) -> Swap | None:
       current tolerance of the uniform (so only the floor catches it);
     - "early EOS": an EOS above the floor but below the 0.1 EOS rule, before the
       completion's end, whose interval lies between the current and the old tolerance
-      (so only the tightened tolerance catches it).
-    Both keep a margin of 1e-5 to the limits, far above the honest drift (~1e-6).
+      (so only the tightened tolerance catches it);
+    - "likely token": a token of probability >= LIKELY whose interval lies just outside
+      the current tolerance but inside the previous default's (1e-4), like the issue's
+      4 -> 5 swap (probability 0.58, 1.1e-5 outside).
+    Each keeps a margin of 1e-5 to the limits (5e-6 to the current tolerance), far above
+    the honest drift of this model (~1e-7 in the interval bounds).
     """
     eos, floor = run.params.eos_token_id, ValidatorSettings().replay_floor
+    tolerance = ValidatorSettings().replay_tolerance
     for i, (prompt, out, seed) in enumerate(
         zip(cols["input_tokens"], cols["output_tokens"], cols["seed"], strict=True)
     ):
@@ -671,8 +681,19 @@ def find_swap(run: Run, cols: dict, kind: str) -> Swap | None:
                 if ok.any():
                     y = int(np.flatnonzero(ok)[np.argmin(prob[t][ok])])
                     return Swap(i, t, y, float(prob[t, y]), float(distance[y]))
+            elif kind == "likely token":
+                ok = (
+                    (prob[t] >= LIKELY)
+                    & (distance > tolerance + 5e-6)
+                    & (distance < PREVIOUS_REPLAY.replay_tolerance - 1e-5)
+                )
+                ok[[out[t], eos]] = False
+                if ok.any():
+                    y = int(np.flatnonzero(ok)[np.argmax(prob[t][ok])])
+                    return Swap(i, t, y, float(prob[t, y]), float(distance[y]))
             elif (
-                t < len(out) - 1
+                kind == "early EOS"
+                and t < len(out) - 1
                 and out[t] != eos
                 and floor <= prob[t, eos] < ValidatorSettings().min_eos_prob
                 and 1.1e-4 < distance[eos] < 9.9e-4
@@ -723,8 +744,12 @@ def forge(run: Run, cols: dict, assignment, swap: Swap) -> dict:
     return cols
 
 
-# kind -> the setting whose fix catches it (with the old value, the forgery passes)
-REPLAY_FORGERIES = {"improbable token": "replay_floor", "early EOS": "replay_tolerance"}
+# kind -> the settings whose fixes catch it (with their old values, the forgery passes).
+# The improbable token's distance (1e-5 .. 9e-5) is now beyond the tolerance as well.
+REPLAY_FORGERIES = {
+    "improbable token": ("replay_floor", "replay_tolerance"),
+    "early EOS": ("replay_tolerance",),
+}
 
 
 def assert_replay_rejection(line: str, kind: str, swap: Swap) -> None:
@@ -759,8 +784,8 @@ def replay_forgeries(run) -> dict[str, tuple[int, Swap, dict]]:
 def test_replay_slack_is_rejected_with_one_line_everywhere(run, replay_forgeries, tmp_path, capsys):
     """An improbable token swapped in inside the replay's numerical slack (issue: a worker
     could do so about once per file). Both forgeries passed the old slack (1e-3, no floor);
-    the improbable token is caught only by the floor, the early EOS by the tighter
-    tolerance.
+    the improbable token is caught by the floor (and, at its distance, by the tolerance
+    set from the measured drift), the early EOS by the tighter tolerance.
 
     - `swarmrl validate`: exit 1, one line naming the check and the sample.
     - The validator process's judging: rejected, the same checks.
@@ -781,9 +806,10 @@ def test_replay_slack_is_rejected_with_one_line_everywhere(run, replay_forgeries
         assert validate_file(path, model_dir=claimed, settings=OLD_REPLAY).status == (
             Status.ACCEPTED
         ), swap
-        fix = REPLAY_FORGERIES[kind]
-        # Each of the two fixes is needed: without it this forgery passes.
-        without_fix = ValidatorSettings().model_copy(update={fix: getattr(OLD_REPLAY, fix)})
+        # Without its fixes this forgery passes.
+        without_fix = ValidatorSettings().model_copy(
+            update={fix: getattr(OLD_REPLAY, fix) for fix in REPLAY_FORGERIES[kind]}
+        )
         assert validate_file(path, model_dir=claimed, settings=without_fix).status == (
             Status.ACCEPTED
         ), swap
@@ -817,6 +843,38 @@ def test_replay_slack_is_rejected_with_one_line_everywhere(run, replay_forgeries
     assert collector.rejected == []
     assert set(collector.counted.by_hash) == {file_hash(p) for p in paths.values()}
     assert len(collector.all_rewards) == 2 * len(run.honest[0]["rewards"])
+
+
+def test_a_likely_token_swapped_in_just_outside_its_interval_is_rejected(run, tmp_path):
+    """The issue's forgery: one token swapped to a likely neighbour (there 4 -> 5,
+    probability 0.58) whose interval the seed's uniform misses by only a little (1.1e-5).
+    The probability floor does not cover a likely token, and the previous default
+    tolerance (1e-4) passed it; the tolerance set from the measured honest drift
+    (docs/validator.md) rejects it, on the replay of that one token."""
+    found = None
+    for counter in range(40):
+        if counter not in run.honest:
+            run.honest[counter] = honest_columns(run, counter)
+        if swap := find_swap(run, run.honest[counter], "likely token"):
+            found = counter, swap
+            break
+    assert found is not None, "no likely neighbour within reach of a uniform in 40 honest files"
+    counter, swap = found
+    cfg = make_run_dir(run, tmp_path)
+    cols = forge(run, run.honest[counter], plan(run, counter), swap)
+    path = write(cfg, "likely.parquet", cols, meta_for(run, cols, counter))
+    claimed = cfg.folder.checkpoints / step_name(0)
+    before = validate_file(path, model_dir=claimed, settings=PREVIOUS_REPLAY)
+    assert before.status == Status.ACCEPTED, (swap, before.reason)
+    verdict = validate_file(path, model_dir=claimed)
+    assert verdict.status == Status.REJECTED and verdict.failed_checks == ["sampling"], (
+        swap,
+        verdict.reason,
+    )
+    miss = verdict.failures[0]
+    assert miss.sample == swap.sample and miss.detail.startswith(
+        f"1 tokens not drawn by the seed's inverse-CDF replay (first at token {swap.position},"
+    ), miss.detail
 
 
 # --- property test: random mutations of honest files -----------------------------------------

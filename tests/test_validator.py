@@ -63,6 +63,32 @@ def test_replay_accepts_the_interval_holding_the_seed_uniform_and_nothing_else()
     assert replay(shifted, 12345, 0.06).misses == 0  # within the drift tolerance
 
 
+def _interval(u: float, low: float, high: float, prob: float) -> TokenStats:
+    stats = _stats([low], [high])
+    stats.prob = np.array([prob])
+    return stats
+
+
+def test_replay_rejects_a_likely_token_just_outside_and_passes_a_drifted_tiny_interval():
+    """The issue's swap: a token of probability 0.58 whose interval ends 1.1e-5 short of the
+    seed's uniform passed the previous default (1e-4) and misses under the tolerance set
+    from the measured drift. A token of probability 1e-7 whose interval drifted 5e-7 past
+    the uniform (more than its own width: an honest draw, docs/validator.md) missed under
+    the previous zero slack below the floor and now passes."""
+    from swarmrl.validator.settings import ValidatorSettings
+
+    u = float(sample_uniforms(99, 1)[0])
+    now = ValidatorSettings()
+    rules = (now.replay_tolerance, now.replay_floor, now.replay_floor_tolerance)
+    before = (1e-4, 1e-4, 0.0)
+    swapped = _interval(u, u - 1.1e-5 - 0.58, u - 1.1e-5, 0.58)
+    assert replay(swapped, 99, *before).misses == 0
+    assert replay(swapped, 99, *rules).misses == 1
+    drifted = _interval(u, u + 5e-7, u + 6e-7, 1e-7)
+    assert replay(drifted, 99, *before).misses == 1
+    assert replay(drifted, 99, *rules).misses == 0
+
+
 def _rows(
     rewards: list[float], task_rewards: list[float], targets: list[int], lengths: list[int]
 ) -> Rollouts:

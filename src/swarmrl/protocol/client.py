@@ -290,6 +290,11 @@ class PoolClient:
         r = self._send("POST", "/v1/validation/next")
         return api.ValidationTask.model_validate_json(r.content)
 
+    def submission(self, file_hash: str) -> api.ValidationTask:
+        """The submission with this file hash and its assignment (with the issued seed)."""
+        r = self._send("GET", f"/v1/submissions/{file_hash}")
+        return api.ValidationTask.model_validate_json(r.content)
+
     def post_verdict(
         self, file_hash: str, accepted: bool, reason: str = "", soft: bool = False
     ) -> api.VerdictResponse:

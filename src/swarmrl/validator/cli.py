@@ -16,6 +16,7 @@ def _validate(args: argparse.Namespace) -> int:
     from swarmrl.validator.verdict import (
         Status,
         selected_for_validation,
+        unusable,
         validate_file,
         verdict_json,
         verdict_line,
@@ -43,6 +44,16 @@ def _validate(args: argparse.Namespace) -> int:
                 f"{args.file}: skipped: not among the {args.fraction:.0%} of files chosen for validation"
             )
             return 0
+    if (args.orchestrator is None) != (args.key is None):
+        print("swarmrl validate: --orchestrator and --key go together", file=sys.stderr)
+        return 2
+    seed = None
+    if args.orchestrator is not None:
+        try:
+            seed = issued_seed(args.orchestrator, args.key, file_hash(args.file))
+        except (OSError, ValueError) as exc:
+            print(f"{args.file}: unusable: {exc}", file=sys.stderr)
+            return 2
     settings = ValidatorSettings(toploc=TOPLOC_PRESETS[args.toploc])
     if args.min_eos_prob is not None:
         settings = settings.model_copy(update={"min_eos_prob": args.min_eos_prob})
@@ -53,11 +64,18 @@ def _validate(args: argparse.Namespace) -> int:
     quiet.addHandler(silent := logging.NullHandler())
     try:
         verdict = validate_file(
-            args.file, model_dir=args.model, config_path=args.config, settings=settings
+            args.file, model_dir=args.model, config_path=args.config, settings=settings, seed=seed
         )
     finally:
         quiet.propagate = propagate
         quiet.removeHandler(silent)
+    if seed is None and verdict.failures and verdict.failures[0].check == "assignment":
+        verdict = unusable(
+            "the assignment cannot be checked without the orchestrator: the rows are not "
+            "the assignment the run seed, worker, step and counter give (what files built "
+            "offline use), and a pool file's seeds come from the orchestrator's secret; pass "
+            "--orchestrator URL --key FILE (a validator's or the trainer's key)"
+        )
     if args.json:
         print(verdict_json(verdict, args.file))
     else:
@@ -66,6 +84,33 @@ def _validate(args: argparse.Namespace) -> int:
             file=sys.stderr if verdict.status == Status.UNUSABLE else sys.stdout,
         )
     return verdict.exit_code
+
+
+def issued_seed(url: str, key: Path, digest: str) -> int:
+    """The seed the orchestrator issued with the assignment the file with this hash
+    answers; ValueError (or OSError for the key file) with a line saying why not."""
+    from swarmrl.identity import KeyFileError, load_identity
+    from swarmrl.protocol import PoolClient, PoolRefused, PoolUnreachable
+
+    try:
+        identity = load_identity(key)
+    except KeyFileError as exc:
+        raise ValueError(str(exc)) from None
+    with PoolClient(url, identity, retry_seconds=10.0) as client:
+        try:
+            handed = client.submission(digest)
+        except PoolRefused as exc:
+            if exc.status == 404:
+                raise ValueError(
+                    f"the orchestrator at {url} has no submission with this file's SHA-256 "
+                    f"{digest}: not a file of this pool, or changed since it was uploaded"
+                ) from None
+            raise ValueError(f"the orchestrator at {url} refused: {exc.detail}") from None
+        except PoolUnreachable as exc:
+            raise ValueError(str(exc)) from None
+    if handed.assignment is None:
+        raise ValueError(f"the orchestrator at {url} gave no assignment for {digest}")
+    return handed.assignment.seed
 
 
 def register(subparsers) -> None:
@@ -127,6 +172,19 @@ def register(subparsers) -> None:
         type=Path,
         default=None,
         help="the validator's secret for --fraction (keep it from workers)",
+    )
+    p.add_argument(
+        "--orchestrator",
+        default=None,
+        help="the pool's orchestrator URL: the file's assignment seed is asked from it (a pool "
+        "file's seeds come from the orchestrator's secret; without it, the assignment check "
+        "can be made only for files built offline)",
+    )
+    p.add_argument(
+        "--key",
+        type=Path,
+        default=None,
+        help="key file of a validator or the trainer (on the pool's allowlist), with --orchestrator",
     )
     p.set_defaults(func=_validate)
 

@@ -51,16 +51,24 @@ class ReplayResult:
     worst_excess: float  # largest distance of a uniform outside its interval (<= 0: all inside)
 
 
-def replay(stats: TokenStats, seed: int, tolerance: float, floor: float = 0.0) -> ReplayResult:
+def replay(
+    stats: TokenStats,
+    seed: int,
+    tolerance: float,
+    floor: float = 0.0,
+    floor_tolerance: float = 0.0,
+) -> ReplayResult:
     """Check each token against the inverse-CDF draw its seed implies (see module docstring).
 
-    A token of probability below ``floor`` gets no slack: its uniform must lie inside its
-    interval. Otherwise a worker could swap in an unlikely token (a digit, an early EOS)
-    whenever the seed's uniform falls within ``tolerance`` of that token's interval.
+    A token of probability below ``floor`` gets the smaller slack ``floor_tolerance``:
+    otherwise a worker could swap in an unlikely token (a digit, an early EOS) whenever
+    the seed's uniform falls within ``tolerance`` of that token's interval. Its slack is
+    not zero, because a tiny interval can drift by more than its own width: an honest
+    draw of such a token would then always miss (docs/validator.md measures how often).
     """
     u = sample_uniforms(seed, len(stats.cdf_low))
     excess = np.maximum(stats.cdf_low - u, u - stats.cdf_high)
-    slack = np.where(stats.prob >= floor, tolerance, 0.0)
+    slack = np.where(stats.prob >= floor, tolerance, floor_tolerance)
     missed = np.flatnonzero(excess > slack)
     return ReplayResult(
         int(missed.size), int(missed[0]) if missed.size else None, float(excess.max())

@@ -41,16 +41,23 @@ class ValidatorSettings(BaseModel):
         description="largest |reported - recomputed| logprob (nats) of any token",
     )
     replay_tolerance: float = Field(
-        default=1e-4,
+        default=1e-5,
         ge=0,
-        description="slack on the CDF interval a token's seed uniform must fall in (numerical drift)",
+        description="slack on the CDF interval a token's seed uniform must fall in (numerical "
+        "drift between the worker's decode and the validator's prefill)",
     )
     replay_floor: float = Field(
         default=1e-4,
         ge=0,
         le=1,
-        description="a token less likely than this under the claimed policy gets no replay slack: "
-        "it must be the exact draw of its seed",
+        description="a token less likely than this under the claimed policy gets only "
+        "replay_floor_tolerance as slack",
+    )
+    replay_floor_tolerance: float = Field(
+        default=1e-6,
+        ge=0,
+        description="slack for a token below replay_floor: a tiny interval can drift by more "
+        "than its width, so zero would reject honest draws of it",
     )
     max_replay_misses: int = Field(
         default=0, ge=0, description="tokens per sample allowed outside their replayed CDF interval"

@@ -283,7 +283,13 @@ def _validate(
     )
     prefill_seconds = time.perf_counter() - prefill_start
     replays = [
-        replay(s, seed, settings.replay_tolerance, settings.replay_floor)
+        replay(
+            s,
+            seed,
+            settings.replay_tolerance,
+            settings.replay_floor,
+            settings.replay_floor_tolerance,
+        )
         for s, seed in zip(stats, rows.seed, strict=True)
     ]
     results.append(
@@ -438,9 +444,12 @@ def validate_file(
     model_dir: Path | None = None,
     config_path: Path | None = None,
     settings: ValidatorSettings | None = None,
+    seed: int | None = None,
 ) -> Verdict:
     """Validate one rollout file from disk; never raises for bad input (the verdict says
-    'unusable'). Duplicates are judged against the files that arrived before it in its folder."""
+    'unusable'). Duplicates are judged against the files that arrived before it in its folder.
+    ``seed``: the assignment's seed as the orchestrator issued it (``file_seed``, the offline
+    derivation, without it)."""
     path = Path(path)
     try:
         cfg = _load_config(path, config_path)
@@ -460,6 +469,7 @@ def validate_file(
         lambda step: _load_model(path, model_dir, step),
         settings or ValidatorSettings(),
         seen,
+        seed=seed,
     )
 
 
