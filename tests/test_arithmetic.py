@@ -21,7 +21,7 @@ def test_scoring():
     assert task.score(problem, worked_solution(a, b)) == 1.0
     assert task.score(problem, worked_solution(a, b, verbose=True)) == 1.0
     assert task.score(problem, "=" + str(a + b + 1)) == 0.0
-    assert task.render_prompt(problem, 40) == f"{a}+{b} think 40\n"
+    assert task.render_prompt(problem, 40) == f"{a}+{b} think 40"
     assert task.render_prompt(problem, None) == f"{a}+{b}\n"
 
 

@@ -118,6 +118,11 @@ class WorkerConfig(_Section):
     poll_seconds: float = Field(
         0.2, gt=0, description="how often an idle worker looks for a new checkpoint or step"
     )
+    policy_lag: int = Field(
+        0,
+        ge=0,
+        description="for measuring learning under staleness: generate with the oldest loaded checkpoint at most this many steps older than the newest one the worker loaded (0 = always the newest; an honest worker, the file names the policy it used)",
+    )
 
 
 class ShardcastConfig(_Section):
@@ -181,8 +186,8 @@ class TrainerConfig(_Section):
         (0.5, 2.0),
         description="[low, high] band of a sequence's geometric-mean rho kept by off_policy = seq_mask",
     )
-    lr_schedule: Literal["constant", "cosine"] = Field(
-        "constant",
+    lr_schedule: Literal["cosine", "cosine"] = Field(
+        "cosine",
         description="learning rate after the warm-up: constant, or cosine decay to lr * lr_final_ratio at the last step",
     )
     lr_final_ratio: float = Field(

@@ -274,7 +274,9 @@ def run_worker(
     source = PolicySource(home.policies)
     counts = WorkerCounts()
     model = tok = None
-    policy_step = -1
+    policy_step = -1  # the policy this worker generates with (and claims)
+    loaded_step = -1  # the newest policy it loaded (newer than policy_step with a policy lag)
+    held: dict[int, tuple] = {}  # loaded policies by step, kept while a lag may need them
     retry_cap = cfg.supervision.backoff_max_seconds
 
     member = Membership(
@@ -354,16 +356,23 @@ def run_worker(
             announced = view.checkpoint
             if (
                 announced is not None
-                and announced.step > policy_step
+                and announced.step > loaded_step
                 and time.monotonic() >= retry_at
             ):
                 try:
-                    model, tok = source.load(view.checkpoint_servers(with_origin=False), announced)
-                    model = behaviour.policy(model)
-                    policy_step = announced.step
+                    new_model, new_tok = source.load(
+                        view.checkpoint_servers(with_origin=False), announced
+                    )
+                    loaded_step = announced.step
+                    held[loaded_step] = (behaviour.policy(new_model), new_tok)
+                    # worker.policy_lag (benchmarks): the oldest held policy within the lag.
+                    policy_step = min(s for s in held if s >= loaded_step - cfg.worker.policy_lag)
+                    model, tok = held[policy_step]
+                    for older in [s for s in held if s < policy_step]:
+                        del held[older]
                     failures = 0
                     unlisted_since = None
-                    log.info("loaded policy step %d", policy_step)
+                    log.info("loaded policy step %d, generating with %d", loaded_step, policy_step)
                 except VersionUnavailableError as exc:
                     # Relays list a checkpoint once they mirrored it, a moment after it
                     # was announced: look again soon, and only long waits are trouble.

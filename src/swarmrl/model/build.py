@@ -30,7 +30,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from swarmrl.model.tokenizer import build_char_tokenizer
 from swarmrl.tasks.arithmetic import ArithmeticTask
 
-MODEL_NAME = "swarmrl-tiny-arith-v1"
+MODEL_NAME = "swarmrl-tiny-arith-v2"  # v2: prompts end at the target (no newline)
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ Two things are left for RL to fix, both on purpose (`demonstration`):
   at random, ignoring the target length the prompt asks for, so the length error is
   large until RL conditions that choice on the target.
 
-The prompt ends with the target (`347+285 think 40`), right where the completion
-starts, so the choice of restating or not sits next to what it should depend on.
+The prompt ends with the target (`347+285 think 40`, nothing after it), right where the
+completion starts, so the choice of restating or not sits next to what it should depend on.
 """
 
 from __future__ import annotations
@@ -98,7 +98,12 @@ class ArithmeticTask:
     def render_prompt(self, problem: Problem, target_length: int | None) -> str:
         if target_length is None:
             return f"{problem.question}\n"
-        return f"{problem.question} think {target_length}\n"
+        # No separator after the target: the completion's first token, which decides
+        # whether the problem is restated (8 tokens longer), is predicted at the target's
+        # last digit, so the choice reads the target from its own position. Behind a
+        # newline the warm start learned to ignore the target, and RL did not undo that in
+        # 50 steps (docs/trainer.md, length control).
+        return f"{problem.question} think {target_length}"
 
     def score(self, problem: Problem, completion: str) -> float:
         return 1.0 if parse_answer(completion) == int(problem.answer) else 0.0
