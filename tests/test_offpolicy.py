@@ -1,6 +1,7 @@
 """Off-policy corrections (trainer/offpolicy.py) against hand-computed values, the bound a
 forged behaviour logprob cannot pass, and the learning-rate schedule."""
 
+import itertools
 import math
 
 import pytest
@@ -140,7 +141,7 @@ def test_learning_rate_warms_up_then_decays_to_the_final_ratio_on_the_last_step(
     assert lrs[:4] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
     assert lrs[4] == pytest.approx(1e-3)
     assert lrs[-1] == pytest.approx(1e-4)
-    assert all(a >= b for a, b in zip(lrs[4:], lrs[5:], strict=False))
+    assert all(a >= b for a, b in itertools.pairwise(lrs[4:]))
     midpoint = warm + (total - warm - 1) / 2  # cos = 0 halfway: lr = final + (1 - final) / 2
     assert learning_rate(int(midpoint), 1, warm, total, "cosine", 0.1) == pytest.approx(
         0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (int(midpoint) - warm) / (total - warm - 1)))

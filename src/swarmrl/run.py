@@ -62,6 +62,7 @@ from swarmrl.ledger.models import Submission
 from swarmrl.model.build import ensure_default_model
 from swarmrl.protocol import models as api
 from swarmrl.protocol.funding import fund_workers, owner_key, staking_flags
+from swarmrl.rollouts import RolloutBounds
 from swarmrl.runfolder import RunFolder
 from swarmrl.supervisor import Role, Supervisor, SwarmError, tail
 from swarmrl.tasks.registry import build_task
@@ -311,6 +312,11 @@ def orchestrator_role(cfg: RunConfig, port: int) -> Role:
         str(max(1, math.ceil(cfg.pool.dead_seconds / cfg.pool.heartbeat_seconds))),
         "--assignment-seconds",
         str(cfg.pool.assignment_seconds),
+        # The validator's bounds on a file: an upload is refused past them before decoding.
+        "--max-new-tokens",
+        str(RolloutBounds.for_run(cfg).max_new_tokens),
+        "--max-prompt-tokens",
+        str(RolloutBounds.for_run(cfg).max_prompt_tokens),
     ]
     if cfg.trainer.steps > 0:
         args += ["--steps", str(cfg.trainer.steps)]

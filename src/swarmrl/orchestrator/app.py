@@ -155,7 +155,7 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
     )
     app.state.pool = pool
     # Added last, run first: the body limit, then the gate (signature, bounded JSON).
-    app.add_middleware(SignedJsonGate, verifier=verifier)
+    app.add_middleware(SignedJsonGate, verifier=verifier, routes=lambda: app.routes)
     app.add_middleware(BodyLimit, upload_limit=config.max_upload_bytes)
 
     @app.exception_handler(Refusal)
@@ -319,19 +319,6 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
             media_type="application/octet-stream",
             headers={"Content-Length": str(size), "X-Content-SHA256": file_hash},
         )
-
-    @app.get(
-        "/v1/submissions/{file_hash}",
-        response_model=api.ValidationTask,
-        responses={**ERRORS, 404: {"model": api.Problem, "description": "no such submission"}},
-        tags=["validator"],
-    )
-    def submission(
-        file_hash: Annotated[str, PathParam(pattern=HASH)], caller: Signed
-    ) -> api.ValidationTask:
-        """A submission and its assignment with the issued seed, by file hash (validator and
-        trainer keys): to judge a file held elsewhere, `swarmrl validate --orchestrator`."""
-        return pool.submission_of(caller, file_hash)
 
     @app.post(
         "/v1/submissions/trained",

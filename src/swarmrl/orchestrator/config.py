@@ -86,6 +86,19 @@ class OrchestratorConfig(BaseModel):
     max_upload_bytes: int = Field(
         64 * 1024 * 1024, ge=1024, description="largest rollout file accepted"
     )
+    max_new_tokens: int = Field(
+        4096,
+        ge=1,
+        le=1 << 20,
+        description="completion tokens a sample may hold (the run's sampling.max_new_tokens): "
+        "with the assignment's rows, bounds what an upload may decode to",
+    )
+    max_prompt_tokens: int = Field(
+        4096,
+        ge=1,
+        le=1 << 20,
+        description="prompt tokens a sample may hold (the model's context less max_new_tokens)",
+    )
     validation_fraction: float = Field(
         0.1,
         ge=0,

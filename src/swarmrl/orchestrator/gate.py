@@ -6,9 +6,11 @@ check in a dependency comes too late: a stranger's body would reach Python's JSO
 scanner first. That scanner recurses once per nested bracket, and `py_ecc` (imported
 through `eth_account`) raises the interpreter's recursion limit to 100,000, past what
 the C stack holds: one unsigned body of 70,000 nested brackets crashed the process. The
-gate runs first, as ASGI middleware, on every request that carries a body to parse
-(every method but GET and HEAD, except the rollout upload, which checks its signature
-over the hash it claims before it reads the stream):
+gate runs first, as ASGI middleware, on every request that carries a JSON body to parse
+(a request a POST route takes: the other routes take none; the rollout upload is a PUT
+of raw bytes, whose signature covers the hash it claims and is checked before the stream
+is read; a path or method no route takes gets its 404 or 405 from the application, which
+reads no body):
 
 1. the body is read whole (the body limit in front of the gate caps it at 1 MiB);
 2. the signature is checked over its bytes (`RequestVerifier`: no ledger, no parse);
@@ -21,8 +23,11 @@ over the hash it claims before it reads the stream):
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import pydantic_core
 from fastapi.responses import JSONResponse
+from starlette.routing import BaseRoute, Match
 
 from swarmrl.identity import body_digest
 from swarmrl.orchestrator.auth import RequestVerifier
@@ -39,21 +44,23 @@ def request_path(scope) -> str:
     return f"{text}?{query.decode('latin-1')}" if query else text
 
 
-def _gated(scope) -> bool:
-    if scope["method"] in ("GET", "HEAD"):
-        return False  # no body is parsed: the route's dependency checks the signature
-    return not (scope["method"] == "PUT" and scope["path"].endswith("/rollout"))
-
-
 class SignedJsonGate:
-    """ASGI middleware: see the module docstring."""
+    """ASGI middleware: see the module docstring. `routes` gives the application's routes
+    (asked per request: they are added after the middleware)."""
 
-    def __init__(self, app, verifier: RequestVerifier) -> None:
+    def __init__(self, app, verifier: RequestVerifier, routes: Callable[[], Sequence[BaseRoute]]):
         self.app = app
         self.verifier = verifier
+        self.routes = routes
+
+    def _gated(self, scope) -> bool:
+        # Only POST routes parse a body; the others' dependency checks the signature.
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return False
+        return any(route.matches(scope)[0] == Match.FULL for route in self.routes())
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or not _gated(scope):
+        if not self._gated(scope):
             await self.app(scope, receive, send)
             return
         try:

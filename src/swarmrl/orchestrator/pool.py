@@ -47,7 +47,7 @@ from swarmrl.orchestrator.issuance import (
 )
 from swarmrl.orchestrator.store import RolloutStore
 from swarmrl.protocol import models as api
-from swarmrl.rollouts import read_rollouts
+from swarmrl.rollouts import RolloutBounds, read_rollouts
 
 if TYPE_CHECKING:
     from swarmrl.orchestrator.auth import Caller, RateLimiter
@@ -655,6 +655,32 @@ class Pool:
                 return cfg.new_member_validation_fraction
         return cfg.validation_fraction
 
+    def _upload_bounds(self, assignment_id: int) -> RolloutBounds:
+        """What the assignment's file can hold: its rows exactly, each within the run's
+        token limits. The strict reader checks the Parquet footer against these before it
+        decodes a column, so a small file that decompresses to gigabytes costs nothing.
+        Read without the lock: an issued assignment's shape never changes."""
+        with self.ledger.session() as s:
+            a = s.connection().execute(_ASSIGNMENT, {"id": assignment_id}).first()
+        if a is None:
+            raise Refusal(404, f"assignment {assignment_id} was never issued")
+        return RolloutBounds(
+            max_samples=a.prompts * a.group_size,
+            max_new_tokens=self.config.max_new_tokens,
+            max_prompt_tokens=self.config.max_prompt_tokens,
+        )
+
+    def _refused_file(self, worker: str, assignment_id: int) -> None:
+        """A file refused for what it holds closes its assignment as lapsed (counted
+        against the worker, its next files validated more often, the share issued again):
+        each hostile file costs its sender an assignment, and none is retried forever.
+        Not a slash: the refused file is not kept, so nobody else could check the verdict."""
+        now = self.clock()
+        with self._lock, self.ledger.session() as s:
+            a = s.get(Assignment, assignment_id)
+            if a is not None and a.worker == worker and a.state == "issued":
+                self._lapse(s, a, now)
+
     def accept_upload(
         self, worker: str, assignment_id: int, upload: UploadedFile
     ) -> api.SubmissionInfo:
@@ -664,8 +690,9 @@ class Pool:
         file is parsed and measured before the lock is taken."""
         cfg = self.config
         try:
-            table, meta = read_rollouts(upload.path)
+            table, meta = read_rollouts(upload.path, self._upload_bounds(assignment_id))
         except Exception as exc:  # noqa: BLE001 (any failure to parse hostile bytes is the sender's)
+            self._refused_file(worker, assignment_id)
             raise Refusal(422, f"unreadable rollout file: {exc}") from None
         tokens = int(
             table.column("output_tokens").combine_chunks().value_lengths().to_numpy().sum()
@@ -765,25 +792,6 @@ class Pool:
             if sub is None:
                 raise Refusal(404, f"no submission {file_hash}")
             return sub.stored_name, sub.size
-
-    def submission_of(self, caller: Caller, file_hash: str) -> api.ValidationTask:
-        """A submission and the assignment it answers, with the issued seed: what a
-        validator needs to judge a file it already holds (`swarmrl validate
-        --orchestrator`), since the seed comes from this orchestrator's secret. For the
-        keys the allowlist names as validator or trainer, registered or not."""
-        with self.signed_act(caller) as s:
-            if not self.allowlist.get(caller.address, set()) & {"trainer", "validator"}:
-                raise Refusal(
-                    403, f"{caller.address} is not on the allowlist as a validator or trainer"
-                )
-            sub = s.get(Submission, file_hash)
-            if sub is None:
-                raise Refusal(404, f"no submission {file_hash}")
-            a = s.get_one(Assignment, sub.assignment_id)
-            return api.ValidationTask(
-                submission=_submission_info(sub).model_copy(update={"seed": a.seed}),
-                assignment=_assignment_info(a),
-            )
 
     def mark_trained(self, caller: Caller, req: api.MarkTrainedRequest) -> int:
         now = self.clock()

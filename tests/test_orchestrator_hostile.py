@@ -1,0 +1,340 @@
+"""Hostile HTTP against a real `swarmrl orchestrator` process: bodies that once killed it
+(deep nesting), lax types, an upload that decompresses to hundreds of MiB, requests
+replayed from another pool and clients of the old protocol. The process must survive all
+of it, answer 4xx, and change nothing it should not."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pyarrow as pa
+import pytest
+from eth_account import Account
+from eth_account.messages import encode_defunct
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pool_fixtures import JSON, pool_id, rollout_columns, rollout_file
+from swarmrl.identity import Identity, body_digest, sign_request
+from swarmrl.ledger import Ledger
+from swarmrl.orchestrator import OrchestratorConfig
+from swarmrl.orchestrator.auth import RequestVerifier
+from swarmrl.orchestrator.pool import Pool, Refusal
+from swarmrl.orchestrator.store import RolloutStore
+from swarmrl.protocol import PoolClient, PoolRefused
+from swarmrl.protocol import models as api
+from swarmrl.rollouts import RolloutMeta, write_rollouts
+
+# Every route that parses a JSON body (the upload is raw bytes).
+JSON_ENDPOINTS = [
+    "/v1/register",
+    "/v1/heartbeat",
+    "/v1/assignments",
+    "/v1/submissions/trained",
+    "/v1/steps/0/progress",
+    "/v1/checkpoints",
+    "/v1/validation/next",
+    "/v1/verdicts",
+    "/v1/pool/fund",
+]
+DEEP = b"[" * 100_000 + b"]" * 100_000  # 195 KiB: once a SIGSEGV of the whole process
+
+
+def start(tmp: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    log = open(tmp / "orchestrator.log", "a")  # noqa: SIM115 (the process holds it)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "swarmrl.orchestrator",
+            "--port",
+            "0",
+            "--ledger",
+            f"sqlite:///{tmp / 'ledger.db'}",
+            "--store",
+            str(tmp / "store"),
+            "--secret-file",
+            str(tmp / "secret"),
+            "--run-id",
+            "test",
+            "--prompts-per-assignment",
+            "2",
+            "--group-size",
+            "2",
+            "--batch-samples",
+            "64",
+            "--max-new-tokens",
+            "64",
+            "--rate-per-second",
+            "1000",
+            "--rate-burst",
+            "1000",
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        env=os.environ | {"PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("orchestrator listening on "), (
+        line + (tmp / "orchestrator.log").read_text()
+    )
+    return proc, line.split()[-1]
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def alive(proc: subprocess.Popen, url: str) -> bool:
+    return proc.poll() is None and httpx.get(url + "/v1/status", timeout=30).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hostile")
+    trainer, owner = Identity.generate(), Identity.generate()
+    (tmp / "allowlist").write_text(f"{trainer.address} trainer\n")
+    proc, url = start(tmp, "--allowlist", str(tmp / "allowlist"), "--owner", owner.address)
+    worker = PoolClient(url, Identity.generate())
+    worker.register("worker")
+    PoolClient(url, trainer).register("trainer")
+    PoolClient(url, trainer).announce_checkpoint(0, "ab" * 32)
+    yield proc, url, worker, owner, tmp
+    stop(proc)
+
+
+# -- hole 1: one unauthenticated body killed the process ----------------------------------
+
+
+@pytest.mark.parametrize("path", JSON_ENDPOINTS)
+def test_deep_nesting_unsigned_is_refused_and_the_process_lives(server, path):
+    proc, url, *_ = server
+    r = httpx.post(url + path, content=DEEP, headers=JSON, timeout=30)
+    assert 400 <= r.status_code < 500, r.text
+    assert alive(proc, url)
+
+
+def test_deep_nesting_signed_by_a_member_is_refused_too(server):
+    proc, url, worker, *_ = server
+    headers = sign_request(
+        worker.identity, "POST", "/v1/heartbeat", body_digest(DEEP), pool=pool_id(url)
+    )
+    r = httpx.post(url + "/v1/heartbeat", content=DEEP, headers=headers | JSON, timeout=30)
+    assert r.status_code == 400 and "not JSON" in r.json()["detail"], r.text
+    assert alive(proc, url)
+
+
+def _nested(depth: int, opener: bytes) -> bytes:
+    closer = {b"[": b"]", b"{": b"}"}[opener]
+    if opener == b"{":  # objects need keys: {"a":{"a":...}}
+        return b'{"a":' * depth + b"0" + closer * depth
+    return opener * depth + closer * depth
+
+
+HOSTILE_BODIES = st.one_of(
+    st.builds(_nested, st.integers(1, 150_000), st.sampled_from([b"[", b"{"])),
+    st.integers(1, 150_000).map(lambda n: b"[" * n),  # unterminated
+    st.integers(1, 150_000).map(lambda n: b'{"policy_step":' + b"[" * n + b"]" * n + b"}"),
+    st.sampled_from(
+        [
+            b'{"policy_step": false}',
+            b'{"policy_step": "3"}',
+            b'{"policy_step": 3.0}',
+            b'{"policy_step": 1e999}',
+            b'{"policy_step": NaN}',
+            b'{"policy_step": 99999999999999999999999999999}',
+            b'{"role": ["worker"]}',
+            b'{"address": {"$ne": 1}, "amount": 1}',
+            b"null",
+            b"[]",
+            b"\xff\xfe{}",
+        ]
+    ),
+    st.integers(1, 2 << 20).map(lambda n: b'"' + b"x" * n + b'"'),  # up to 2 MiB: 413
+    st.binary(max_size=512),
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(body=HOSTILE_BODIES, path=st.sampled_from(JSON_ENDPOINTS))
+def test_hostile_bodies_before_authentication_get_4xx(server, body, path):
+    proc, url, *_ = server
+    r = httpx.post(url + path, content=body, headers=JSON, timeout=60)
+    assert 400 <= r.status_code < 500, (r.status_code, r.text[:200])
+    assert proc.poll() is None
+
+
+# -- hole 6: lax types --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body", [b'{"policy_step": false}', b'{"policy_step": "3"}', b'{"policy_step": 3.0}']
+)
+def test_request_models_are_strict(server, body):
+    _, url, worker, *_ = server
+    headers = sign_request(
+        worker.identity, "POST", "/v1/heartbeat", body_digest(body), pool=pool_id(url)
+    )
+    r = httpx.post(url + "/v1/heartbeat", content=body, headers=headers | JSON)
+    assert r.status_code == 422, r.text
+    assert "policy_step" in r.json()["detail"]
+    honest = b'{"policy_step": 3}'
+    headers = sign_request(
+        worker.identity, "POST", "/v1/heartbeat", body_digest(honest), pool=pool_id(url)
+    )
+    assert (
+        httpx.post(url + "/v1/heartbeat", content=honest, headers=headers | JSON).status_code == 200
+    )
+
+
+# -- hole 3: signatures bound to the pool ------------------------------------------------
+
+
+def test_a_request_replayed_into_another_pool_is_refused(server, tmp_path):
+    _, url_a, _, owner, _ = server
+    proc_b, url_b = start(tmp_path / "b", "--owner", owner.address)
+    try:
+        assert pool_id(url_a) != pool_id(url_b)
+        target = Identity.generate().address
+        body = api.FundRequest(address=target, amount=5).model_dump_json().encode()
+        headers = (
+            sign_request(owner, "POST", "/v1/pool/fund", body_digest(body), pool=pool_id(url_a))
+            | JSON
+        )
+        assert httpx.post(url_a + "/v1/pool/fund", content=body, headers=headers).status_code == 200
+        replay = httpx.post(url_b + "/v1/pool/fund", content=body, headers=headers)
+        assert replay.status_code == 401, replay.text
+        assert "signed for pool" in replay.json()["detail"]
+        status = PoolClient(url_b, None).status()
+        assert all(m.balance == 0 for m in status.members)
+        # The owner's own client, pointed at B, funds there: the pool id is asked for.
+        assert PoolClient(url_b, owner).fund(target, 1).balance == 1
+    finally:
+        stop(proc_b)
+
+
+def _signed_the_old_way(identity: Identity, method: str, path: str, body: bytes) -> dict:
+    """Headers a swarmrl/1 client sends: its text names no pool, and no X-Pool header."""
+    timestamp, nonce = int(time.time()), os.urandom(16).hex()
+    text = f"swarmrl/1\n{method}\n{path}\n{body_digest(body)}\n{timestamp}\n{nonce}"
+    signed = Account.sign_message(encode_defunct(text=text), identity.account.key)
+    return {
+        "X-Address": identity.address,
+        "X-Timestamp": str(timestamp),
+        "X-Nonce": nonce,
+        "X-Signature": "0x" + bytes(signed.signature).hex(),
+    }
+
+
+def test_an_old_client_is_told_to_upgrade(server):
+    _, url, worker, *_ = server
+    body = b'{"policy_step": 0}'
+    for method, path, content in [
+        ("POST", "/v1/heartbeat", body),
+        ("GET", "/v1/steps/0/submissions", b""),
+    ]:
+        headers = _signed_the_old_way(worker.identity, method, path, content) | JSON
+        r = httpx.request(method, url + path, content=content or None, headers=headers)
+        assert r.status_code == 426, r.text
+        assert "swarmrl/1" in r.json()["detail"] and "upgrade" in r.json()["detail"]
+
+
+# -- hole 2: the upload decompression bomb ------------------------------------------------
+
+
+def _peak_rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM in /proc status")
+
+
+def _bomb(path: Path, worker: str, a: api.AssignmentInfo, rows: int, tokens: int) -> Path:
+    """A schema-valid file of `rows` samples of `tokens` zero tokens each: a few kB that
+    decode to rows x tokens x 8 bytes."""
+    columns: dict = rollout_columns(rows)
+    offsets = pa.array(np.arange(0, (rows + 1) * tokens, tokens, dtype=np.int32))
+    columns["output_tokens"] = pa.ListArray.from_arrays(
+        offsets, pa.array(np.zeros(rows * tokens, dtype=np.int32))
+    )
+    columns["output_logprobs"] = pa.ListArray.from_arrays(
+        offsets, pa.array(np.zeros(rows * tokens, dtype=np.float32))
+    )
+    meta = RolloutMeta.model_construct(
+        run_id="test",
+        worker_address=worker,
+        step=a.step,
+        submission=a.id,
+        num_samples=rows,
+        num_nonzero=rows,
+    )
+    return write_rollouts(path, columns, meta)
+
+
+@pytest.mark.parametrize(("rows", "tokens"), [(384, 16_384), (4, 1 << 20)])
+def test_a_bomb_upload_is_refused_before_it_is_decoded(server, rows, tokens):
+    proc, url, worker, _, tmp = server
+    a = worker.assignment(0).assignment
+    assert a is not None
+    bomb = _bomb(tmp / f"bomb-{rows}.parquet", worker.address, a, rows, tokens)
+    assert bomb.stat().st_size < 64 * 1024
+    before = _peak_rss_kib(proc.pid)
+    with pytest.raises(PoolRefused) as refused:
+        worker.upload(a.id, bomb)
+    grown_mib = (_peak_rss_kib(proc.pid) - before) / 1024
+    assert refused.value.status == 422
+    assert grown_mib < 16, f"the orchestrator's peak memory grew {grown_mib:.0f} MiB"
+    # It cost the sender its assignment: closed, not open for another try.
+    honest = rollout_file(tmp / f"honest-{rows}.parquet", worker.address, a)
+    with pytest.raises(PoolRefused) as again:
+        worker.upload(a.id, honest)
+    assert again.value.status == 409 and "lapsed" in again.value.detail
+    assert alive(proc, url)
+
+
+# -- hole 6: a replay held back behind the pool lock --------------------------------------
+
+
+def test_a_replay_that_waited_past_the_window_is_refused(tmp_path):
+    """A request checked on the event loop inside the window, then held behind the pool
+    lock while the sweep forgot its first use's nonce, must not run a second time."""
+    now = [time.time()]
+    config = OrchestratorConfig(
+        ledger=f"sqlite:///{tmp_path / 'ledger.db'}",
+        store=str(tmp_path / "store"),
+        secret_file=str(tmp_path / "secret"),
+        timestamp_window=5,
+    )
+    ledger = Ledger(config.ledger)
+    try:
+        pool = Pool(config, ledger, RolloutStore(config.store), b"s" * 32, {}, clock=lambda: now[0])
+        verifier = RequestVerifier(config.timestamp_window, "ab" * 16)
+        worker = Identity.generate()
+
+        def caller(path: str, body: bytes):
+            headers = sign_request(worker, "POST", path, body_digest(body), pool="ab" * 16)
+            return verifier.verify("POST", path, headers, body_digest(body))
+
+        pool.register(caller("/v1/register", b"r"), api.RegisterRequest(role="worker"))
+        beat = caller("/v1/heartbeat", b"{}")
+        pool.heartbeat(beat, api.HeartbeatRequest())
+        now[0] += config.timestamp_window + 2  # the replay waited; the sweep ran meanwhile
+        pool.sweep()
+        with pytest.raises(Refusal) as refused:
+            pool.heartbeat(beat, api.HeartbeatRequest())
+        assert refused.value.status == 401 and "window" in refused.value.detail
+    finally:
+        ledger.close()
