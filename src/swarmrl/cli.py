@@ -253,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     from swarmrl.protocol.funding import register as register_funding
     from swarmrl.protocol.status import register as register_status
     from swarmrl.shardcast.cli import register as register_shardcast
+    from swarmrl.tasks.cli import register as register_filter
     from swarmrl.validator.cli import register as register_validate
 
     register_validate(sub)
@@ -261,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_orchestrator(sub)
     register_status(sub)
     register_funding(sub)
+    register_filter(sub)
     return parser
 
 

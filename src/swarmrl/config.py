@@ -50,7 +50,8 @@ class TaskConfig(_Section):
         description="task: arithmetic (embedded), math (\\boxed{} answers, math-verify) or code (tests in a sandbox)",
     )
     path: str | None = Field(
-        None, description="JSONL or Parquet file of problems (math and code tasks)"
+        None,
+        description="JSONL or Parquet file of problems (required for math and code; arithmetic: optional rows of a, b, e.g. from `swarmrl filter`)",
     )
     eval_path: str | None = Field(
         None,

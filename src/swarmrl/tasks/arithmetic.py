@@ -14,18 +14,35 @@ Two things are left for RL to fix, both on purpose (`demonstration`):
 
 The prompt ends with the target (`347+285 think 40`, nothing after it), right where the
 completion starts, so the choice of restating or not sits next to what it should depend on.
+
+Training problems are every pair outside the held-out split, or, with a problem file
+(`path`: JSONL or Parquet rows with integer `a` and `b`, e.g. the prompt set written by
+`swarmrl filter`), the file's pairs. The held-out split is the same either way: it is
+fixed by `eval_size` and `eval_seed`, never by the file, and a file's pair that lies in
+it is dropped from training.
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
 import random
+from pathlib import Path
 
 from swarmrl.tasks.base import Problem
+from swarmrl.tasks.loading import Field, ProblemFileError, load_rows
+
+logger = logging.getLogger(__name__)
 
 LOW, HIGH = 100, 999
 SPAN = HIGH - LOW + 1
 DIGITS = 3
+
+# A problem file's columns; `id`, `pass_rate` and any other column are ignored.
+FIELDS = {
+    "a": Field(names=("a",), types=(int,)),
+    "b": Field(names=("b",), types=(int,)),
+}
 
 
 def worked_solution(
@@ -55,15 +72,49 @@ def parse_answer(completion: str) -> int | None:
 
 
 class ArithmeticTask:
-    """Three-digit addition: 810,000 problems, a fixed held-out split of `eval_size`."""
+    """Three-digit addition: 810,000 problems, a fixed held-out split of `eval_size`;
+    training on all the others, or on the pairs of a problem file (`path`)."""
 
     name = "arithmetic"
 
-    def __init__(self, eval_size: int = 256, eval_seed: int = 1234) -> None:
+    def __init__(
+        self, eval_size: int = 256, eval_seed: int = 1234, path: str | Path | None = None
+    ) -> None:
         total = SPAN * SPAN
         picked = random.Random(eval_seed).sample(range(total), eval_size)
         self._eval_codes = sorted(picked)
         self._total = total
+        self._file_codes = None if path is None else self._read_codes(Path(path))
+
+    def _read_codes(self, path: Path) -> list[int]:
+        codes: list[int] = []
+        seen: set[int] = set()
+        held_out = 0
+        for number, row in enumerate(load_rows(path, FIELDS), start=1):
+            a, b = row["a"], row["b"]
+            assert isinstance(a, int) and isinstance(b, int)  # FIELDS accept integers only
+            if not (LOW <= a <= HIGH and LOW <= b <= HIGH):
+                raise ProblemFileError(
+                    f"{path}: problem {number} ({a}+{b}): a and b must be three-digit "
+                    f"integers in [{LOW}, {HIGH}]"
+                )
+            code = (a - LOW) * SPAN + (b - LOW)
+            if code in seen:
+                raise ProblemFileError(f"{path}: problem {number} ({a}+{b}) appears twice")
+            seen.add(code)
+            if self._is_held_out_code(code):
+                held_out += 1
+                continue
+            codes.append(code)
+        if held_out:
+            logger.warning(
+                "%s: %d of its problems are in the held-out split and are not trained on",
+                path,
+                held_out,
+            )
+        if not codes:
+            raise ProblemFileError(f"{path}: every problem is in the held-out split")
+        return codes
 
     @staticmethod
     def _problem(code: int) -> Problem:
@@ -71,11 +122,15 @@ class ArithmeticTask:
         return Problem(problem_id=f"add-{a}-{b}", question=f"{a}+{b}", answer=str(a + b))
 
     def num_train(self) -> int:
+        if self._file_codes is not None:
+            return len(self._file_codes)
         return self._total - len(self._eval_codes)
 
     def train_problem(self, index: int) -> Problem:
         if not 0 <= index < self.num_train():
             raise IndexError(f"train index {index} out of range [0, {self.num_train()})")
+        if self._file_codes is not None:
+            return self._problem(self._file_codes[index])
         # Map the index onto the codes that are not held out: skip each eval code at or
         # below the running position (the eval codes are sorted).
         code = index
@@ -91,7 +146,9 @@ class ArithmeticTask:
 
     def is_held_out(self, problem: Problem) -> bool:
         a, b = (int(x) for x in problem.question.split("+"))
-        code = (a - LOW) * SPAN + (b - LOW)
+        return self._is_held_out_code((a - LOW) * SPAN + (b - LOW))
+
+    def _is_held_out_code(self, code: int) -> bool:
         i = bisect.bisect_left(self._eval_codes, code)
         return i < len(self._eval_codes) and self._eval_codes[i] == code
 

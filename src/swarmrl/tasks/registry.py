@@ -13,7 +13,12 @@ def build_task(cfg: TaskConfig) -> Task:
     if cfg.name == "arithmetic":
         from swarmrl.tasks.arithmetic import ArithmeticTask
 
-        return ArithmeticTask(eval_size=cfg.eval_size)
+        if cfg.eval_path:
+            raise ValueError(
+                f"task.eval_path ({cfg.eval_path}) does not apply to the arithmetic task: its "
+                "held-out split is fixed by task.eval_size; remove task.eval_path"
+            )
+        return ArithmeticTask(eval_size=cfg.eval_size, path=cfg.path)
     # With a separate eval file, all of it is the held-out split: eval_size does not apply.
     eval_path = Path(cfg.eval_path) if cfg.eval_path else None
     eval_size = None if eval_path else cfg.eval_size
