@@ -793,6 +793,25 @@ class Pool:
                 raise Refusal(404, f"no submission {file_hash}")
             return sub.stored_name, sub.size
 
+    def submission_of(self, caller: Caller, file_hash: str) -> api.ValidationTask:
+        """A submission and the assignment it answers, with the issued seed: what a
+        validator needs to judge a file it already holds (`swarmrl validate
+        --orchestrator`), since the seed comes from this orchestrator's secret. For the
+        keys the allowlist names as validator or trainer, registered or not."""
+        with self.signed_act(caller) as s:
+            if not self.allowlist.get(caller.address, set()) & {"trainer", "validator"}:
+                raise Refusal(
+                    403, f"{caller.address} is not on the allowlist as a validator or trainer"
+                )
+            sub = s.get(Submission, file_hash)
+            if sub is None:
+                raise Refusal(404, f"no submission {file_hash}")
+            a = s.get_one(Assignment, sub.assignment_id)
+            return api.ValidationTask(
+                submission=_submission_info(sub).model_copy(update={"seed": a.seed}),
+                assignment=_assignment_info(a),
+            )
+
     def mark_trained(self, caller: Caller, req: api.MarkTrainedRequest) -> int:
         now = self.clock()
         with self.signed_act(caller) as s:
