@@ -684,15 +684,25 @@ class Pool:
     def accept_upload(
         self, worker: str, assignment_id: int, upload: UploadedFile
     ) -> api.SubmissionInfo:
-        """Check a streamed-in file against its assignment, store it, record the submission.
+        """Check a streamed-in file against its assignment, store it, record the
+        submission; a file refused for what it holds (422) lapses its assignment."""
+        try:
+            return self._accept_upload(worker, assignment_id, upload)
+        except Refusal as refused:
+            if refused.status == 422:
+                self._refused_file(worker, assignment_id)
+            raise
 
-        Every upload of the pool comes through here: prebuilt Core statements, and the
+    def _accept_upload(
+        self, worker: str, assignment_id: int, upload: UploadedFile
+    ) -> api.SubmissionInfo:
+        """Every upload of the pool comes through here: prebuilt Core statements, and the
         file is parsed and measured before the lock is taken."""
         cfg = self.config
+        bounds = self._upload_bounds(assignment_id)
         try:
-            table, meta = read_rollouts(upload.path, self._upload_bounds(assignment_id))
+            table, meta = read_rollouts(upload.path, bounds)
         except Exception as exc:  # noqa: BLE001 (any failure to parse hostile bytes is the sender's)
-            self._refused_file(worker, assignment_id)
             raise Refusal(422, f"unreadable rollout file: {exc}") from None
         tokens = int(
             table.column("output_tokens").combine_chunks().value_lengths().to_numpy().sum()
