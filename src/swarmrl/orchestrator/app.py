@@ -194,12 +194,6 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
         """The pool at a glance: members, health, steps, submissions, verdicts, contributions."""
         return pool.status()
 
-    @app.get("/v1/recipe", response_model=api.Recipe, tags=["public"])
-    def recipe() -> api.Recipe:
-        """What every member must agree on (run id, steps, batch samples, prompts per
-        assignment, group size, async level): a registration stating another is refused."""
-        return pool.recipe
-
     @app.post(
         "/v1/register",
         response_model=api.Member,
@@ -328,6 +322,19 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
 
     @app.get(
         "/v1/submissions/{file_hash}",
+        response_model=api.ValidationTask,
+        responses={**ERRORS, 404: {"model": api.Problem, "description": "no such submission"}},
+        tags=["validator"],
+    )
+    def submission(
+        file_hash: Annotated[str, PathParam(pattern=HASH)], caller: Signed
+    ) -> api.ValidationTask:
+        """A submission and its assignment with the issued seed, by file hash (validator and
+        trainer keys): to judge a file held elsewhere, `swarmrl validate --orchestrator`."""
+        return pool.submission_of(caller, file_hash)
+
+    @app.get(
+        "/v1/submissions/{file_hash}/assignment",
         response_model=api.ValidationTask,
         responses={**ERRORS, 404: {"model": api.Problem, "description": "no such submission"}},
         tags=["validator"],

@@ -184,19 +184,9 @@ class PoolClient:
 
     # -- every member -------------------------------------------------------------------
 
-    def register(
-        self, role: api.Role, url: str | None = None, recipe: api.Recipe | None = None
-    ) -> api.Member:
-        """Join the pool; `recipe` (this member's) is refused with 409 where it differs
-        from the pool's."""
-        r = self._send(
-            "POST", "/v1/register", body=api.RegisterRequest(role=role, url=url, recipe=recipe)
-        )
+    def register(self, role: api.Role, url: str | None = None) -> api.Member:
+        r = self._send("POST", "/v1/register", body=api.RegisterRequest(role=role, url=url))
         return api.Member.model_validate_json(r.content)
-
-    def recipe(self) -> api.Recipe:
-        r = self._send("GET", "/v1/recipe")
-        return api.Recipe.model_validate_json(r.content)
 
     def heartbeat(self, policy_step: int | None = None) -> api.HeartbeatResponse:
         r = self._send("POST", "/v1/heartbeat", body=api.HeartbeatRequest(policy_step=policy_step))
@@ -302,7 +292,7 @@ class PoolClient:
 
     def submission(self, file_hash: str) -> api.ValidationTask:
         """The submission with this file hash and its assignment (with the issued seed)."""
-        r = self._send("GET", f"/v1/submissions/{file_hash}")
+        r = self._send("GET", f"/v1/submissions/{file_hash}/assignment")
         return api.ValidationTask.model_validate_json(r.content)
 
     def post_verdict(
