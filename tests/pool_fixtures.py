@@ -8,6 +8,8 @@ a server (`.ci/postgres.sh` starts one); each PostgreSQL test gets an empty sche
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -225,3 +227,39 @@ def signed_raw(
     with httpx.Client(base_url=url, timeout=60) as http:
         request = http.build_request(method, path, content=body, headers=signed)
         return http.send(request)
+
+
+def orchestrator_process(
+    tmp_path: Path, *args: str, cwd: Path | None = None, defaults: bool = True
+) -> tuple[subprocess.Popen, str]:
+    """`python -m swarmrl.orchestrator` on a free loopback port (its ledger, store and
+    secret under `tmp_path` unless `defaults` is off) and its URL once it listens."""
+    where = (
+        [
+            "--ledger",
+            f"sqlite:///{tmp_path / 'ledger.db'}",
+            "--store",
+            str(tmp_path / "store"),
+            "--secret-file",
+            str(tmp_path / "secret"),
+        ]
+        if defaults
+        else []
+    )
+    log = tmp_path / "orchestrator.log"  # a file: a pipe nobody reads would fill and block it
+    with open(log, "a") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "swarmrl.orchestrator", "--port", "0", *where, *args],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            cwd=cwd,
+            env=os.environ | {"PYTHONUNBUFFERED": "1"},
+        )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("orchestrator listening on "):
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"the orchestrator did not start: {line}{log.read_text()}")
+    return proc, line.split()[-1]

@@ -452,6 +452,16 @@ def test_upload_for_another_workers_assignment_is_refused(pool):
     assert pool.ledger_state() == before
 
 
+def assert_lapsed_by_refusal(pool, worker, a) -> None:
+    """A file refused for what it holds records nothing and costs its sender the
+    assignment: lapsed (a lapse counted), so the same assignment takes no second try."""
+    status = pool.trainer.status()
+    assert sum(status.submissions.values()) == 0
+    assert {m.address: m.lapses for m in status.members}[worker.address] == 1
+    honest = rollout_file(pool.tmp / "honest.parquet", worker.address, a)
+    assert "lapsed" in refused(lambda: worker.upload(a.id, honest), 409)
+
+
 @pytest.mark.parametrize(
     "field, value",
     [
@@ -470,19 +480,17 @@ def test_file_whose_metadata_disagrees_with_its_assignment_is_refused(pool, fiel
     table = pq.read_table(path)
     meta = json.loads(table.schema.metadata[b"swarmrl"]) | {field: value}
     pq.write_table(table.replace_schema_metadata({b"swarmrl": json.dumps(meta).encode()}), path)
-    before = pool.ledger_state()
     detail = refused(lambda: worker.upload(a.id, path), 422)
     assert field in detail
-    assert pool.ledger_state() == before
+    assert_lapsed_by_refusal(pool, worker, a)
 
 
 def test_garbage_file_is_refused(pool):
     worker, a = _assignment(pool)
     path = pool.tmp / "garbage.parquet"
     path.write_bytes(b"PAR1 not really")
-    before = pool.ledger_state()
     assert "unreadable" in refused(lambda: worker.upload(a.id, path), 422)
-    assert pool.ledger_state() == before
+    assert_lapsed_by_refusal(pool, worker, a)
 
 
 def test_worker_cannot_choose_its_seed(pool):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from swarmrl.config import ConfigError, add_config_arguments, config_from_args
 
 
 def _run(args: argparse.Namespace) -> int:
-    from swarmrl.inference.adversary import parse_kinds
+    from swarmrl.inference.kinds import parse_kinds
     from swarmrl.run import RunInterrupted, SwarmError, run_swarm
 
     cfg = config_from_args(args)
@@ -75,6 +76,9 @@ def _worker(args: argparse.Namespace) -> int:
     from swarmrl.supervisor import EXIT_EJECTED
 
     cfg = config_from_args(args)
+    # SIGTERM (a supervisor stopping it) unwinds like Ctrl-C: the proof process is shut
+    # down and its semaphores released, instead of a killed parent leaving them behind.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     try:
         identity = load_identity(args.key)
         counts = run_worker(
@@ -130,7 +134,7 @@ def _init_model(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from swarmrl.inference.adversary import KINDS
+    from swarmrl.inference.kinds import KINDS
 
     parser = argparse.ArgumentParser(prog="swarmrl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -270,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
         stream=sys.stderr,
     )
     args = build_parser().parse_args(argv)

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from swarmrl.assignment import Assignment
+from swarmrl.inference.kinds import KINDS
 from swarmrl.inference.rollout import RolloutBatch
 from swarmrl.inference.sampler import SamplingParams
 from swarmrl.rewards import group_advantages, has_signal
@@ -43,15 +44,6 @@ from swarmrl.rollouts import RolloutFileError, RolloutMeta, read_rollouts, write
 
 log = logging.getLogger("swarmrl.worker")
 
-KINDS: dict[str, str] = {
-    "wrong_model": "generates with a 4-bit-quantized copy of the policy it claims",
-    "temperature": "samples at half the run's temperature and claims the run's",
-    "best_of_n": "samples each group with other seeds, keeps the best-rewarded, claims the assigned seeds",
-    "inflated_rewards": "claims every answer correct and scales the advantages up",
-    "copied_proofs": "gives samples the TOPLOC proof of another sample of the file",
-    "garbage": "replaces the completions by random tokens",
-    "copy": "re-uploads another worker's stored file as its own, metadata rewritten",
-}
 BEST_OF = 4  # groups sampled per prompt by `best_of_n`
 QUANT_LEVELS = 7  # levels per sign of `wrong_model`'s per-row quantization (4 bits)
 TEMPERATURE_FACTOR = 0.5  # `temperature` samples at this times the run's temperature
@@ -59,18 +51,6 @@ ADVANTAGE_FACTOR = 4.0  # `inflated_rewards` scales the advantages by this
 COPY_WAIT_SECONDS = 60.0  # how long `copy` waits for a file to copy before it works honestly
 
 Generate = Callable[..., RolloutBatch]
-
-
-def parse_kinds(text: str) -> list[str]:
-    """'a,b' -> ['a', 'b']; ValueError (one line, naming the known kinds) for an unknown kind."""
-    kinds = [k.strip() for k in text.split(",") if k.strip()]
-    unknown = [k for k in kinds if k not in KINDS]
-    if unknown or not kinds:
-        raise ValueError(
-            f"unknown adversary kind {', '.join(unknown) or repr(text)}; "
-            f"one or more of {', '.join(KINDS)}, comma-separated"
-        )
-    return list(dict.fromkeys(kinds))
 
 
 class Behaviour:

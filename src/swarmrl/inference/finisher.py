@@ -40,8 +40,10 @@ log = logging.getLogger("swarmrl.worker")
 
 def _child_setup(parent: int) -> None:
     torch.set_num_threads(1)
-    # Ctrl-C goes to the whole foreground group: the parent shuts the child down.
+    # Ctrl-C, and a supervisor's SIGTERM, go to the whole group: the parent shuts the
+    # child down (and releases what they share), rather than the child dying under it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # A parent killed outright (SIGKILL, out of memory) cannot shut the child down; the
     # child sees itself re-parented and exits rather than living on idle.
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()

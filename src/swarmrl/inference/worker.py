@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -52,7 +53,7 @@ from swarmrl.inference.adversary import Behaviour
 from swarmrl.inference.finisher import FileFinisher
 from swarmrl.inference.rollout import RolloutBatch, generate_rollouts
 from swarmrl.inference.sampler import SamplingParams
-from swarmrl.protocol import PoolClient, PoolRefused
+from swarmrl.protocol import PoolClient, PoolRefused, recipe
 from swarmrl.protocol import models as api
 from swarmrl.protocol.membership import Membership, ejected, retryable
 from swarmrl.rollouts import RolloutMeta
@@ -282,6 +283,7 @@ def run_worker(
     member = Membership(
         orchestrator,
         identity,
+        recipe=recipe.of_run(cfg),
         "worker",
         policy_step=lambda: policy_step if policy_step >= 0 else None,
         retry_base=cfg.worker.poll_seconds,
@@ -406,8 +408,11 @@ def run_worker(
             deadlines[work.id] = work.deadline
             finisher.submit(home.outbox_file(work.id), batch, meta)
     finally:
-        # The file in flight is still delivered, unless the run is over.
-        if (member.view() or view).finished:
+        # The file in flight is still delivered, unless the run is over; when stopped
+        # (SIGTERM, Ctrl-C) it gets one try, no retries.
+        if (member.view() or view).finished or isinstance(
+            sys.exception(), SystemExit | KeyboardInterrupt
+        ):
             uploader.stopped.set()
         try:
             finisher.close()

@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from swarmrl.ledger.models import (
+    LIVE_STATES,
     Account,
     Assignment,
     Base,
@@ -89,6 +90,15 @@ def check_ledger(session: Session) -> list[str]:
             problems.append(f"{s.state} submission {s.file_hash[:12]} was trained")
         if s.trained_step is not None and s.to_validate and s.state != "accepted":
             problems.append(f"submission {s.file_hash[:12]} was trained before its verdict")
+    # A re-issued share (assignments.covers) is filled once: the later file is voided.
+    live_per_share = Counter(
+        a.covers if a.covers is not None else a.id
+        for s in submissions
+        if s.state in LIVE_STATES and (a := assignments.get(s.assignment_id)) is not None
+    )
+    for share, n in live_per_share.items():
+        if n > 1:
+            problems.append(f"share of assignment {share} has {n} live submissions")
     with_file = set(per_assignment)
     for a in assignments.values():
         if a.state == "returned" and a.id not in with_file:

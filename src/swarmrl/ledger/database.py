@@ -11,6 +11,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
+from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
@@ -60,11 +61,31 @@ def migrate(engine: Engine) -> None:
         command.upgrade(config, "head")
 
 
-class Ledger:
-    """A migrated ledger database and a session factory for it."""
+def _sqlite_file(url: str) -> Path | None:
+    """The database file of a SQLite URL (None for another database or `:memory:`)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None  # `_engine` says what is wrong with it
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
 
-    def __init__(self, url: str) -> None:
+
+class Ledger:
+    """A migrated ledger database and a session factory for it.
+
+    A SQLite ledger's folder is created when missing (`create`), so a first start in an
+    empty folder works; `create=False` refuses a ledger file that does not exist (a
+    check must not make an empty ledger and call it consistent)."""
+
+    def __init__(self, url: str, create: bool = True) -> None:
         self.url = url
+        path = _sqlite_file(url)
+        if path is not None and not create and not path.is_file():
+            raise LedgerError(f"no ledger at {url}: {path} does not exist")
+        if path is not None and create:
+            path.parent.mkdir(parents=True, exist_ok=True)
         self.engine = _engine(url)
         try:
             migrate(self.engine)

@@ -27,6 +27,7 @@ ROLES = ("worker", "trainer", "validator", "relay")
 MEMBER_STATUSES = ("healthy", "unhealthy", "dead")
 ASSIGNMENT_STATES = ("issued", "returned", "lapsed")
 SUBMISSION_STATES = ("pending", "accepted", "rejected", "voided")
+LIVE_STATES = ("pending", "accepted")  # submissions that may still be trained
 # fund: owner → balance; stake: balance → stake; release: stake → balance;
 # slash: stake → gone (the pool keeps it); payout: pool → balance.
 JOURNAL_KINDS = ("fund", "stake", "release", "slash", "payout")
@@ -131,6 +132,10 @@ class Assignment(Base):
     issued_at: Mapped[float] = mapped_column(Float)
     deadline: Mapped[float] = mapped_column(Float)
     closed_at: Mapped[float | None] = mapped_column(Float)
+    # A speculative re-issue: the id of the open assignment whose share this one covers
+    # (its holder fell silent or lagged). Of the two, the first good upload counts; the
+    # other's file is voided, without penalty to either worker.
+    covers: Mapped[int | None] = mapped_column(Integer, index=True)
 
 
 class Submission(Base):

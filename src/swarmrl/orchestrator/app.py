@@ -194,6 +194,12 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
         """The pool at a glance: members, health, steps, submissions, verdicts, contributions."""
         return pool.status()
 
+    @app.get("/v1/recipe", response_model=api.Recipe, tags=["public"])
+    def recipe() -> api.Recipe:
+        """What every member must agree on (run id, steps, batch samples, prompts per
+        assignment, group size, async level): a registration stating another is refused."""
+        return pool.recipe
+
     @app.post(
         "/v1/register",
         response_model=api.Member,

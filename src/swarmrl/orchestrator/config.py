@@ -66,6 +66,19 @@ class OrchestratorConfig(BaseModel):
     max_open_per_worker: int = Field(
         2, ge=1, description="open assignments one worker may hold at a time"
     )
+    speculate: bool = Field(
+        True,
+        description="when a step waits only on open work and a worker is idle, issue it the share "
+        "of an open assignment whose holder missed a heartbeat or is straggler_factor times slower "
+        "than the pool's usual; the first good upload counts, the other file is voided without "
+        "penalty (off: a silent worker stalls its step until its assignment lapses)",
+    )
+    straggler_factor: float = Field(
+        4.0,
+        gt=1,
+        description="an open assignment held this many times longer than the median of the "
+        "newest returned ones is re-issued to an idle worker (with speculate)",
+    )
     assignment_seconds: float = Field(
         600.0,
         gt=0,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast, get_args
 
-from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy import bindparam, case, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -38,15 +38,19 @@ from swarmrl.ledger import (
     Taint,
     Verdict,
 )
-from swarmrl.orchestrator import accounts
+from swarmrl.ledger.models import LIVE_STATES
+from swarmrl.orchestrator import accounts, speculation
 from swarmrl.orchestrator.config import OrchestratorConfig
 from swarmrl.orchestrator.issuance import (
     assignment_seed,
     assignments_needed,
     chosen_for_validation,
 )
+from swarmrl.orchestrator.refusals import RecentRefusals
 from swarmrl.orchestrator.store import RolloutStore
 from swarmrl.protocol import models as api
+from swarmrl.protocol import recipe
+from swarmrl.protocol.urls import unroutable
 from swarmrl.rollouts import RolloutBounds, read_rollouts
 
 if TYPE_CHECKING:
@@ -56,7 +60,7 @@ log = logging.getLogger("swarmrl.orchestrator")
 
 YIELD_WINDOW = 64  # newest submissions the claimed yield is measured over
 YIELD_STEPS = 4  # newest trainer-reported steps the observed yield is measured over
-LIVE = ("pending", "accepted")  # submissions that may still be trained
+LIVE = LIVE_STATES  # submissions that may still be trained
 ROLES: tuple[api.Role, ...] = get_args(api.Role)
 # What the trainer may train: accepted files, and pending ones not chosen for validation.
 # A chosen file waits for its verdict unlisted (its claimed samples still count as coming
@@ -80,9 +84,8 @@ _NEWEST = select(Checkpoint.step, Checkpoint.final).order_by(Checkpoint.step.des
 _HELD = select(func.count()).where(
     Assignment.worker == bindparam("who"), Assignment.state == "issued"
 )
-_OPEN_IN_STEP = select(func.count()).where(
-    Assignment.step == bindparam("step"), Assignment.state == "issued"
-)
+# Counted in shares (speculation.py): a re-issued share is expected once.
+_OPEN_IN_STEP = speculation.OPEN_SHARES
 _CLAIMED = select(func.coalesce(func.sum(Submission.num_nonzero), 0)).where(
     Submission.step == bindparam("step"), Submission.state.in_(LIVE)
 )
@@ -103,7 +106,12 @@ _WORKER = select(Member.role, Member.status, Member.ejected_at, Member.soft_inva
     Member.address == bindparam("who")
 )
 _ASSIGNMENT = select(
-    Assignment.worker, Assignment.state, Assignment.step, Assignment.prompts, Assignment.group_size
+    Assignment.worker,
+    Assignment.state,
+    Assignment.step,
+    Assignment.prompts,
+    Assignment.group_size,
+    Assignment.covers,
 ).where(Assignment.id == bindparam("id"))
 _SUBMITTED = select(Submission.file_hash).where(Submission.file_hash == bindparam("file_hash"))
 _FILES_OF = select(func.count()).where(Submission.worker == bindparam("who"))
@@ -227,6 +235,8 @@ class Pool:
         self.limiter = limiter
         self._lock = threading.Lock()
         self._view: api.HeartbeatResponse | None = None  # what heartbeats answer; None = rebuild
+        self.recipe = recipe.of_pool(config)
+        self.refusals = RecentRefusals()
 
     # -- identities ---------------------------------------------------------------------
 
@@ -321,6 +331,16 @@ class Pool:
         return Refusal(403, f"ejected: {address} is out of the pool: {why}")
 
     def register(self, caller: Caller, req: api.RegisterRequest) -> api.Member:
+        """Join (or rejoin); a refusal is also kept for the status (`refusals.py`)."""
+        try:
+            return self._register(caller, req)
+        except Replayed:
+            raise
+        except Refusal as exc:
+            self.refusals.record(caller.address, req.role, exc.detail, self.clock())
+            raise
+
+    def _register(self, caller: Caller, req: api.RegisterRequest) -> api.Member:
         address = caller.address
         now = self.clock()
         with self.signed_act(caller) as s:
@@ -332,6 +352,10 @@ class Pool:
                 raise Refusal(403, f"{address} is not on the allowlist as a {req.role}")
             if req.url is not None and req.role not in ("relay", "trainer"):
                 raise Refusal(422, "only relays and the trainer register a URL")
+            if req.url is not None and (why := unroutable(req.url)) is not None:
+                raise Refusal(422, f"url {req.url} cannot be fetched from: {why}")
+            if req.recipe is not None and (diff := recipe.differences(self.recipe, req.recipe)):
+                raise Refusal(409, f"recipe mismatch: {'; '.join(diff)}")
             m = s.get(Member, address)
             if m is not None and m.ejected_at is not None:
                 raise self.ejected(s, address)
@@ -495,6 +519,8 @@ class Pool:
     def _lapse(self, s: Session, a: Assignment, now: float) -> None:
         a.state = "lapsed"
         a.closed_at = now
+        if speculation.won(s.connection(), speculation.share_of(a.id, a.covers)):
+            return  # its share came in from another worker: the pool lost nothing by it
         m = s.get_one(Member, a.worker)
         m.lapses += 1
         m.soft_invalidated_at = now  # late work: its next files are checked more often
@@ -580,33 +606,56 @@ class Pool:
             if cfg.steps is not None:
                 last = min(last, cfg.steps - 1)
             observed = self._observed_yield(s)
+            waiting = []  # steps short of samples whose need the open work covers
             for step in range(current, last + 1):
                 if self._need(s, step, observed, now) > 0:
-                    a = {
-                        "worker": worker,
-                        "step": step,
-                        "seed": 0,
-                        "prompts": cfg.prompts_per_assignment,
-                        "group_size": cfg.group_size,
-                        "state": "issued",
-                        "issued_at": now,
-                        "deadline": now + cfg.assignment_seconds,
-                    }
-                    # The id comes from the ledger; the seed from the id.
-                    issued = int(c.execute(_ISSUE, a).scalar_one())
-                    a |= {"id": issued, "seed": assignment_seed(self.secret, issued)}
-                    c.execute(_SEED, {"assignment": issued, "seed_value": a["seed"]})
-                    return api.AssignmentResponse(
-                        assignment=api.AssignmentInfo(
-                            **{k: a[k] for k in api.AssignmentInfo.model_fields}
-                        ),
-                        reason="",
-                    )
+                    return self._issue(c, worker, step, now)
+                if s.get_one(Step, step).full_at is None:
+                    waiting.append(step)
+            if cfg.speculate and not held:
+                cover = speculation.share_to_cover(
+                    c,
+                    worker=worker,
+                    steps=waiting,
+                    now=now,
+                    heartbeat_seconds=cfg.heartbeat_seconds,
+                    straggler_factor=cfg.straggler_factor,
+                )
+                if cover.share is not None and cover.step is not None:
+                    return self._issue(c, worker, cover.step, now, covers=cover.share)
+                if cover.retry_seconds is not None:  # back when the first share is overdue
+                    wait = min(wait, max(cover.retry_seconds, 0.05))
             return api.AssignmentResponse(
                 assignment=None,
                 reason=f"steps {current}..{last} need no more work now",
                 retry_seconds=wait,
             )
+
+    def _issue(
+        self, c, worker: str, step: int, now: float, covers: int | None = None
+    ) -> api.AssignmentResponse:
+        cfg = self.config
+        a = {
+            "worker": worker,
+            "step": step,
+            "seed": 0,
+            "prompts": cfg.prompts_per_assignment,
+            "group_size": cfg.group_size,
+            "state": "issued",
+            "issued_at": now,
+            "deadline": now + cfg.assignment_seconds,
+            "covers": covers,
+        }
+        # The id comes from the ledger; the seed from the id.
+        issued = int(c.execute(_ISSUE, a).scalar_one())
+        a |= {"id": issued, "seed": assignment_seed(self.secret, issued)}
+        c.execute(_SEED, {"assignment": issued, "seed_value": a["seed"]})
+        if covers is not None:
+            log.info("assignment %d of step %d re-issues overdue share %d", issued, step, covers)
+        return api.AssignmentResponse(
+            assignment=api.AssignmentInfo(**{k: a[k] for k in api.AssignmentInfo.model_fields}),
+            reason="",
+        )
 
     # -- uploads ------------------------------------------------------------------------
 
@@ -684,15 +733,25 @@ class Pool:
     def accept_upload(
         self, worker: str, assignment_id: int, upload: UploadedFile
     ) -> api.SubmissionInfo:
-        """Check a streamed-in file against its assignment, store it, record the submission.
+        """Check a streamed-in file against its assignment, store it, record the
+        submission; a file refused for what it holds (422) lapses its assignment."""
+        try:
+            return self._accept_upload(worker, assignment_id, upload)
+        except Refusal as refused:
+            if refused.status == 422:
+                self._refused_file(worker, assignment_id)
+            raise
 
-        Every upload of the pool comes through here: prebuilt Core statements, and the
+    def _accept_upload(
+        self, worker: str, assignment_id: int, upload: UploadedFile
+    ) -> api.SubmissionInfo:
+        """Every upload of the pool comes through here: prebuilt Core statements, and the
         file is parsed and measured before the lock is taken."""
         cfg = self.config
+        bounds = self._upload_bounds(assignment_id)
         try:
-            table, meta = read_rollouts(upload.path, self._upload_bounds(assignment_id))
+            table, meta = read_rollouts(upload.path, bounds)
         except Exception as exc:  # noqa: BLE001 (any failure to parse hostile bytes is the sender's)
-            self._refused_file(worker, assignment_id)
             raise Refusal(422, f"unreadable rollout file: {exc}") from None
         tokens = int(
             table.column("output_tokens").combine_chunks().value_lengths().to_numpy().sum()
@@ -729,6 +788,9 @@ class Pool:
             # Samples claiming a policy older than the async bound allows are of no use:
             # the file is recorded, void (soft: no slash), and its worker checked more often.
             stale = bool(policies) and min(policies) < a.step - cfg.async_level
+            # Its share came in first from another worker (speculation.py): recorded void,
+            # without penalty.
+            lost = speculation.won(c, speculation.share_of(assignment_id, a.covers))
             sub = {
                 "file_hash": upload.file_hash,
                 "assignment_id": assignment_id,
@@ -739,7 +801,7 @@ class Pool:
                 "num_samples": meta.num_samples,
                 "num_nonzero": meta.num_nonzero,
                 "num_tokens": tokens,
-                "state": "voided" if stale else "pending",
+                "state": "voided" if stale or lost else "pending",
                 "to_validate": chosen_for_validation(
                     self.secret,
                     upload.file_hash,
@@ -792,25 +854,6 @@ class Pool:
             if sub is None:
                 raise Refusal(404, f"no submission {file_hash}")
             return sub.stored_name, sub.size
-
-    def submission_of(self, caller: Caller, file_hash: str) -> api.ValidationTask:
-        """A submission and the assignment it answers, with the issued seed: what a
-        validator needs to judge a file it already holds (`swarmrl validate
-        --orchestrator`), since the seed comes from this orchestrator's secret. For the
-        keys the allowlist names as validator or trainer, registered or not."""
-        with self.signed_act(caller) as s:
-            if not self.allowlist.get(caller.address, set()) & {"trainer", "validator"}:
-                raise Refusal(
-                    403, f"{caller.address} is not on the allowlist as a validator or trainer"
-                )
-            sub = s.get(Submission, file_hash)
-            if sub is None:
-                raise Refusal(404, f"no submission {file_hash}")
-            a = s.get_one(Assignment, sub.assignment_id)
-            return api.ValidationTask(
-                submission=_submission_info(sub).model_copy(update={"seed": a.seed}),
-                assignment=_assignment_info(a),
-            )
 
     def submission_of(self, caller: Caller, file_hash: str) -> api.ValidationTask:
         """A submission and the assignment it answers, with the issued seed: what a
@@ -1083,9 +1126,15 @@ class Pool:
                 self._step_status(s, row)
                 for row in s.scalars(select(Step).order_by(Step.step.desc()).limit(20))
             ]
-            by_state = dict(
-                s.execute(select(Submission.state, func.count()).group_by(Submission.state)).all()
+            # A live file the trainer used is counted as trained, not as still pending or
+            # accepted; a caught worker's trained files keep their rejected or voided state.
+            shown = case(
+                (Submission.state.in_(LIVE) & Submission.trained_step.is_not(None), "trained"),
+                else_=Submission.state,
             )
+            by_state: dict[str, int] = {
+                str(k): int(n) for k, n in s.execute(select(shown, func.count()).group_by(shown))
+            }
             verdicts = {
                 (accepted, soft): n
                 for accepted, soft, n in s.execute(
@@ -1127,6 +1176,7 @@ class Pool:
             ]
             return api.PoolStatus(
                 step=view.step,
+                recipe=self.recipe,
                 checkpoint=view.checkpoint,
                 finished=view.finished,
                 members=members,
@@ -1139,4 +1189,5 @@ class Pool:
                 },
                 contributions=contributions,
                 slashings=slashings,
+                refusals=self.refusals.newest_first(),
             )

@@ -184,9 +184,19 @@ class PoolClient:
 
     # -- every member -------------------------------------------------------------------
 
-    def register(self, role: api.Role, url: str | None = None) -> api.Member:
-        r = self._send("POST", "/v1/register", body=api.RegisterRequest(role=role, url=url))
+    def register(
+        self, role: api.Role, url: str | None = None, recipe: api.Recipe | None = None
+    ) -> api.Member:
+        """Join the pool; `recipe` (this member's) is refused with 409 where it differs
+        from the pool's."""
+        r = self._send(
+            "POST", "/v1/register", body=api.RegisterRequest(role=role, url=url, recipe=recipe)
+        )
         return api.Member.model_validate_json(r.content)
+
+    def recipe(self) -> api.Recipe:
+        r = self._send("GET", "/v1/recipe")
+        return api.Recipe.model_validate_json(r.content)
 
     def heartbeat(self, policy_step: int | None = None) -> api.HeartbeatResponse:
         r = self._send("POST", "/v1/heartbeat", body=api.HeartbeatRequest(policy_step=policy_step))

@@ -60,8 +60,11 @@ def _fund(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("pool", help="the pool owner's commands (fund an address)")
+    from swarmrl.ledger.cli import register as register_check
+
+    p = sub.add_parser("pool", help="the pool's commands: fund an address, check the ledger")
     commands = p.add_subparsers(dest="pool_command", required=True)
+    register_check(commands)
     f = commands.add_parser(
         "fund",
         help="add AMOUNT to ADDRESS's balance (signed with the owner's key)",

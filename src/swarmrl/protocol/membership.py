@@ -55,6 +55,7 @@ class Membership:
         *,
         member_url: str | None = None,
         policy_step: Callable[[], int | None] = lambda: None,
+        recipe: api.Recipe | None = None,
         retry_base: float = 0.5,
         retry_cap: float = 30.0,
     ) -> None:
@@ -62,6 +63,7 @@ class Membership:
         self.role = role
         self.member_url = member_url
         self.policy_step = policy_step
+        self.recipe = recipe  # sent with each registration: a mismatch is refused
         self.retry_base = retry_base
         self.retry_cap = retry_cap
         self._lock = threading.Lock()  # one request at a time on this client
@@ -124,7 +126,7 @@ class Membership:
             self._register_locked()
 
     def _register_locked(self) -> None:
-        member = self.client.register(self.role, url=self.member_url)
+        member = self.client.register(self.role, url=self.member_url, recipe=self.recipe)
         log.info("registered with %s as %s %s", self.client.url, member.role, member.address)
 
     def _run(self) -> None:

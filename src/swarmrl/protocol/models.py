@@ -18,8 +18,36 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+class Recipe(_Request):
+    """What every member must agree on with the pool (protocol/recipe.py); None: not stated."""
+
+    run_id: str | None = Field(
+        None, max_length=255, description="run id every rollout file carries (run_name)"
+    )
+    steps: int | None = Field(
+        None, ge=1, le=10**9, description="rollout steps of the run (trainer.steps)"
+    )
+    batch_samples: int | None = Field(
+        None, ge=1, le=10**9, description="usable samples a step needs (trainer.batch_samples)"
+    )
+    prompts_per_assignment: int | None = Field(
+        None, ge=1, le=10**6, description="prompts in one assignment (worker.prompts_per_file)"
+    )
+    group_size: int | None = Field(
+        None, ge=1, le=10**6, description="samples per prompt (sampling.group_size)"
+    )
+    async_level: int | None = Field(
+        None, ge=0, le=10**6, description="k: step n needs a policy >= n-k (async_level)"
+    )
+
+
 class RegisterRequest(_Request):
     role: Role = Field(description="the role this key registers for")
+    recipe: Recipe | None = Field(
+        None,
+        description="the member's recipe: refused (409) where it differs from the pool's "
+        "(GET /v1/recipe); unset: not checked",
+    )
     url: str | None = Field(
         None,
         max_length=512,
@@ -213,16 +241,33 @@ class Slashing(BaseModel):
     tainted_steps: list[int] = Field(description="the training steps that used them")
 
 
+class RefusedRegistration(BaseModel):
+    """A registration the pool refused, newest per address (kept since the orchestrator
+    started, at most `orchestrator.refusals.REFUSALS_KEPT`)."""
+
+    address: str
+    role: str
+    at: float = Field(description="unix time of the newest refusal")
+    reason: str
+
+
 class PoolStatus(BaseModel):
     step: int | None
+    recipe: Recipe | None = Field(None, description="what members must agree on")
     checkpoint: CheckpointInfo | None
     finished: bool
     members: list[Member]
     steps: list[StepStatus]
-    submissions: dict[str, int]
+    submissions: dict[str, int] = Field(
+        description="files by state: pending, accepted (by a validator, not trained yet), "
+        "trained, rejected, voided"
+    )
     verdicts: dict[str, int]
     contributions: list[Contribution]
     slashings: list[Slashing] = Field(default_factory=list, description="oldest first")
+    refusals: list[RefusedRegistration] = Field(
+        default_factory=list, description="refused registrations, newest first"
+    )
 
 
 class Problem(BaseModel):

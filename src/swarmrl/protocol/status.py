@@ -20,6 +20,9 @@ def render(status: api.PoolStatus, console: Console, now: float | None = None) -
     )
     state = "finished" if status.finished else f"step {status.step}"
     console.print(f"[bold]pool[/bold]: {state}, {checkpoint}")
+    if status.recipe is not None:
+        stated = {k: v for k, v in status.recipe.model_dump().items() if v is not None}
+        console.print("recipe: " + ", ".join(f"{k} {v}" for k, v in stated.items()))
 
     members = Table(title="members")
     for column in ("address", "role", "status", "last heartbeat", "lapses", "url"):
@@ -54,7 +57,10 @@ def render(status: api.PoolStatus, console: Console, now: float | None = None) -
         )
     console.print(steps)
 
-    by_state = ", ".join(f"{n} {k}" for k, n in sorted(status.submissions.items())) or "none"
+    order = ("trained", "accepted", "pending", "voided", "rejected")
+    states = [k for k in order if k in status.submissions]
+    states += sorted(set(status.submissions) - set(order))
+    by_state = ", ".join(f"{status.submissions[k]} {k}" for k in states) or "none"
     console.print(f"submissions: {by_state}")
     console.print(
         f"verdicts: {status.verdicts.get('accepted', 0)} accepted, "
@@ -67,6 +73,15 @@ def render(status: api.PoolStatus, console: Console, now: float | None = None) -
     for c in status.contributions:
         credits.add_row(c.worker, str(c.files), str(c.samples), str(c.tokens))
     console.print(credits)
+    if status.refusals:
+        refused = Table(
+            title="refused registrations (newest first, since the orchestrator started)"
+        )
+        for column in ("address", "role", "when", "reason"):
+            refused.add_column(column)
+        for r in status.refusals:
+            refused.add_row(r.address, r.role, f"{now - r.at:.0f} s ago", r.reason)
+        console.print(refused)
     if status.slashings:
         caught = Table(title="slashed and ejected")
         for column in ("worker", "step", "file", "check failed", "slashed", "voided", "tainted"):

@@ -56,6 +56,20 @@ def run_relay(args: argparse.Namespace) -> int:
         except KeyFileError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
+    if identity is not None:
+        from swarmrl.protocol.urls import unroutable
+
+        # What workers will be told to fetch from: checked before anything starts.
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        announced = args.public_url or f"http://{host}:{args.port}"
+        if (why := unroutable(announced)) is not None:
+            given = "--public-url" if args.public_url else f"--host {args.host}"
+            print(
+                f"error: {given}: workers could not fetch from {announced}: {why}; "
+                "give --public-url with the address workers reach this relay at",
+                file=sys.stderr,
+            )
+            return 2
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per heartbeat
     relay = Relay(
         _urls(args.upstream),

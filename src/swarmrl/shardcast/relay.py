@@ -29,6 +29,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from typing import Literal
 
 import blake3
 
@@ -85,6 +86,8 @@ class Relay:
         self._damage_lock = threading.Lock()
         self._wake = threading.Event()
         self.stopped = threading.Event()
+        # never (not heard yet) -> awaited (said so) -> up <-> down
+        self._upstream: Literal["never", "awaited", "up", "down"] = "never"
 
     def upstream_listing(self) -> dict[int, VersionEntry] | None:
         """Versions any upstream lists (the entry most upstreams agree on); None if none answered."""
@@ -105,11 +108,21 @@ class Relay:
         """One round: mirror new versions, drop what upstream dropped; return versions added."""
         upstream = self.upstream_listing()
         if upstream is None:
-            log.warning(
-                "no upstream answered (%s); serving what this relay holds",
-                ", ".join(self.upstreams),
-            )
+            # A relay started before its upstream waits for it quietly; one that lost its
+            # upstream says so once per outage, not on every poll.
+            if self._upstream == "never":
+                log.info("waiting for an upstream to answer (%s)", ", ".join(self.upstreams))
+                self._upstream = "awaited"
+            elif self._upstream == "up":
+                log.warning(
+                    "no upstream answered (%s); serving what this relay holds",
+                    ", ".join(self.upstreams),
+                )
+                self._upstream = "down"
             return []
+        if self._upstream == "down":
+            log.info("an upstream answers again")
+        self._upstream = "up"
         held = {
             v: e
             for v, e in self.store.listed().items()

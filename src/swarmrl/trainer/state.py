@@ -16,9 +16,12 @@ floating-point summation order.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,17 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from swarmrl.trainer.distributed import Ranks, barrier
 
 PROGRESS = "progress.pt"
+
+
+@contextlib.contextmanager
+def _plain_process_quiet(ranks: Ranks) -> Iterator[None]:
+    """DCP warns on every save and load that it is 'assuming ... a single process' when
+    no process group exists: in a plain (unsharded) trainer that is the intent, not news."""
+    with warnings.catch_warnings():
+        if not ranks.sharded:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            warnings.filterwarnings("ignore", message="torch.distributed is unavailable")
+        yield
 
 
 def save_trainer_state(
@@ -43,7 +57,8 @@ def save_trainer_state(
         tmp.mkdir(parents=True)
     barrier(ranks)
     model_state, optim_state = get_state_dict(model, opt)
-    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=tmp)
+    with _plain_process_quiet(ranks):
+        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=tmp)
     if ranks.is_main:
         torch.save(
             {**progress, "python_rng": random.getstate(), "torch_rng": torch.get_rng_state()},
@@ -67,7 +82,8 @@ def load_trainer_state(
         )
     model_state, optim_state = get_state_dict(model, opt)
     state: dict[str, Any] = {"model": model_state, "optimizer": optim_state}
-    dcp.load(state, checkpoint_id=path)
+    with _plain_process_quiet(ranks):
+        dcp.load(state, checkpoint_id=path)
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     progress = torch.load(path / PROGRESS, weights_only=False)
     random.setstate(progress.pop("python_rng"))

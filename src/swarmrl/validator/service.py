@@ -36,7 +36,7 @@ import torch
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import RunConfig
 from swarmrl.jsonl import read_jsonl
-from swarmrl.protocol import PoolClient, PoolRefused, PoolUnreachable
+from swarmrl.protocol import PoolClient, PoolRefused, PoolUnreachable, recipe
 from swarmrl.protocol import models as api
 from swarmrl.protocol.membership import Membership
 from swarmrl.rollouts import AssignmentKey, RolloutFileError, SeenFiles, read_meta
@@ -152,7 +152,7 @@ def run_validator(cfg: RunConfig, client: PoolClient) -> dict[str, int]:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     # Heartbeats from a thread: judging one file may take longer than the orchestrator
     # waits before it declares a silent member dead.
-    membership = Membership(client.url, client.identity, "validator")
+    membership = Membership(client.url, client.identity, "validator", recipe=recipe.of_run(cfg))
     view = membership.start()
     try:
         while True:

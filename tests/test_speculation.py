@@ -1,0 +1,184 @@
+"""One silent worker does not stall the pool: a real orchestrator process and two worker
+processes, one stopped with SIGSTOP (its link cut, as far as the pool can tell) while it
+holds an assignment. The idle worker gets the stalled share within a heartbeat; the
+stopped worker's late file is voided without penalty; nothing is credited twice."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pool_fixtures import orchestrator_process
+from swarmrl.identity import Identity, generate_key_file
+from swarmrl.ledger import Assignment, Ledger, Member, Submission, check_ledger
+from swarmrl.orchestrator.speculation import silence_allowed
+from swarmrl.protocol import PoolClient
+
+HEARTBEAT = 1.0
+GEN = 0.5
+HERE = Path(__file__).parent
+
+
+def orchestrator(tmp_path: Path, allowlist: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    return orchestrator_process(
+        tmp_path,
+        "--allowlist",
+        str(allowlist),
+        "--run-id",
+        "test",
+        "--steps",
+        "1",
+        "--batch-samples",
+        "8",
+        "--prompts-per-assignment",
+        "2",
+        "--group-size",
+        "2",
+        "--prior-yield",
+        "1",
+        "--surplus",
+        "0",
+        "--max-open-per-worker",
+        "1",
+        "--validation-fraction",
+        "0",
+        "--heartbeat-seconds",
+        str(HEARTBEAT),
+        "--sweep-seconds",
+        "0.2",
+        # The test's trainer never heartbeats; on a loaded machine a test may take long.
+        "--unhealthy-after",
+        "300",
+        "--dead-after",
+        "600",
+        *extra,
+    )
+
+
+class SimWorker:
+    """A `sim_worker.py` process and the lines it printed, with when they came."""
+
+    def __init__(self, url: str, tmp_path: Path, name: str) -> None:
+        key = tmp_path / f"{name}.key"
+        self.address = generate_key_file(key).address
+        workdir = tmp_path / name
+        workdir.mkdir()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "sim_worker.py"), url, str(key), str(workdir), str(GEN)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=os.environ | {"PYTHONUNBUFFERED": "1"},
+        )
+        self.lines: queue.Queue[tuple[float, str]] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put((time.monotonic(), line.strip()))
+
+    def wait_for(self, prefix: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                _, line = self.lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                raise AssertionError(f"no line starting {prefix!r} within {timeout} s") from None
+            if line.startswith(prefix):
+                return line
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+
+def step_full_within(url: str, timeout: float) -> float | None:
+    """Seconds until step 0 is full, or None if it is not within `timeout`."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        steps = httpx.get(f"{url}/v1/status").json()["steps"]
+        if steps and steps[-1]["full"]:
+            return time.monotonic() - start
+        time.sleep(0.05)
+    return None
+
+
+@pytest.mark.parametrize("speculate", [True, False], ids=["speculate", "no-speculate"])
+def test_a_stopped_worker_does_not_stall_its_step(tmp_path, speculate):
+    trainer = Identity.generate()
+    allowlist = tmp_path / "allowlist"
+    allowlist.write_text(f"{trainer.address} trainer\n")
+    proc, url = orchestrator(tmp_path, allowlist, "--speculate" if speculate else "--no-speculate")
+    workers: list[SimWorker] = []
+    try:
+        with PoolClient(url, trainer) as t:
+            t.register("trainer")
+            t.announce_checkpoint(0, "a" * 64)
+            workers = [SimWorker(url, tmp_path, f"w{i}") for i in range(2)]
+            # Whoever takes work first is cut off while it "generates".
+            stalled = None
+            while stalled is None:
+                for w in workers:
+                    if not w.lines.empty():
+                        stalled = w
+                        break
+                time.sleep(0.01)
+            assert stalled.wait_for("holding", 30).split()[2] == "0"
+            stalled.proc.send_signal(signal.SIGSTOP)
+            if not speculate:
+                # Nothing moves while it is stopped: its assignment is out for 600 s.
+                assert step_full_within(url, timeout=HEARTBEAT * 1.25 + GEN + 3) is None
+                stalled.proc.send_signal(signal.SIGCONT)
+                assert stalled.wait_for("uploaded", 30).endswith("pending")
+                return
+            # The idle worker takes the silent one's share and fills the step while the
+            # silent one is still stopped (bounded generously: a loaded machine is slow).
+            assert step_full_within(url, timeout=30) is not None, "the step waited"
+            silent_since = next(
+                m["last_heartbeat"]
+                for m in httpx.get(f"{url}/v1/status").json()["members"]
+                if m["address"] == stalled.address
+            )
+            stalled.proc.send_signal(signal.SIGCONT)
+            # Its file comes second: recorded, voided, without penalty.
+            assert stalled.wait_for("uploaded", 30).endswith("voided")
+            listed = t.submissions_for_step(0).submissions
+            assert len(listed) == 2 and stalled.address not in {x.worker for x in listed}
+            t.mark_trained(0, [x.file_hash for x in listed])
+            t.announce_checkpoint(1, "b" * 64, final=True)
+            for w in workers:
+                assert w.proc.wait(timeout=30) == 0
+            status = httpx.get(f"{url}/v1/status").json()
+    finally:
+        for w in workers:
+            w.stop()
+        proc.terminate()
+        proc.wait(timeout=30)
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    try:
+        with ledger.session() as s:
+            assert check_ledger(s) == []
+            twin = s.query(Assignment).filter(Assignment.covers.is_not(None)).one()
+            # Issued once the holder had been silent for about a heartbeat (and the slack
+            # for a late beat), not at its deadline; the rest is a busy machine's scheduling.
+            assert 0 < twin.issued_at - silent_since < silence_allowed(HEARTBEAT) + 5
+            member = s.get_one(Member, stalled.address)
+            assert (member.lapses, member.soft_invalidated_at) == (0, None)
+            states = sorted(x.state for x in s.query(Submission))
+            assert states == ["pending", "pending", "voided"]
+    finally:
+        ledger.close()
+    # Paid for the two files trained, 4 samples each, not for the voided one.
+    paid = {m["address"]: m["paid"] for m in status["members"] if m["role"] == "worker"}
+    assert sum(paid.values()) == 8 and paid[stalled.address] == 0
