@@ -274,9 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
         stream=sys.stderr,
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

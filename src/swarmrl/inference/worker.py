@@ -283,9 +283,9 @@ def run_worker(
     member = Membership(
         orchestrator,
         identity,
-        recipe=recipe.of_run(cfg),
         "worker",
         policy_step=lambda: policy_step if policy_step >= 0 else None,
+        recipe=recipe.of_run(cfg),
         retry_base=cfg.worker.poll_seconds,
         retry_cap=retry_cap,
     )

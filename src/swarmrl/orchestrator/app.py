@@ -339,19 +339,6 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
         trainer keys): to judge a file held elsewhere, `swarmrl validate --orchestrator`."""
         return pool.submission_of(caller, file_hash)
 
-    @app.get(
-        "/v1/submissions/{file_hash}/assignment",
-        response_model=api.ValidationTask,
-        responses={**ERRORS, 404: {"model": api.Problem, "description": "no such submission"}},
-        tags=["validator"],
-    )
-    def submission(
-        file_hash: Annotated[str, PathParam(pattern=HASH)], caller: Signed
-    ) -> api.ValidationTask:
-        """A submission and its assignment with the issued seed, by file hash (validator and
-        trainer keys): to judge a file held elsewhere, `swarmrl validate --orchestrator`."""
-        return pool.submission_of(caller, file_hash)
-
     @app.post(
         "/v1/submissions/trained",
         response_model=api.MarkTrainedResponse,
