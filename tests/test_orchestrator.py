@@ -770,6 +770,7 @@ def test_openapi_schema_lists_every_endpoint(pool):
     schema = httpx.get(pool.url + "/openapi.json").json()
     assert set(schema["paths"]) == {
         "/v1/status",
+        "/v1/recipe",
         "/v1/signing",
         "/v1/register",
         "/v1/heartbeat",
@@ -777,6 +778,7 @@ def test_openapi_schema_lists_every_endpoint(pool):
         "/v1/assignments/{assignment_id}/rollout",
         "/v1/steps/{step}/submissions",
         "/v1/submissions/{file_hash}/file",
+        "/v1/submissions/{file_hash}/assignment",
         "/v1/submissions/trained",
         "/v1/steps/{step}/progress",
         "/v1/checkpoints",

@@ -187,7 +187,7 @@ class TrainerConfig(_Section):
         (0.5, 2.0),
         description="[low, high] band of a sequence's geometric-mean rho kept by off_policy = seq_mask",
     )
-    lr_schedule: Literal["cosine", "cosine"] = Field(
+    lr_schedule: Literal["constant", "cosine"] = Field(
         "cosine",
         description="learning rate after the warm-up: constant, or cosine decay to lr * lr_final_ratio at the last step",
     )

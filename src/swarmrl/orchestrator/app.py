@@ -327,7 +327,7 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
         )
 
     @app.get(
-        "/v1/submissions/{file_hash}",
+        "/v1/submissions/{file_hash}/assignment",
         response_model=api.ValidationTask,
         responses={**ERRORS, 404: {"model": api.Problem, "description": "no such submission"}},
         tags=["validator"],

@@ -302,7 +302,7 @@ class PoolClient:
 
     def submission(self, file_hash: str) -> api.ValidationTask:
         """The submission with this file hash and its assignment (with the issued seed)."""
-        r = self._send("GET", f"/v1/submissions/{file_hash}")
+        r = self._send("GET", f"/v1/submissions/{file_hash}/assignment")
         return api.ValidationTask.model_validate_json(r.content)
 
     def post_verdict(
