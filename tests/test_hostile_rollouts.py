@@ -492,6 +492,9 @@ def test_validator_process_judges_what_the_orchestrator_hands_out(run, tmp_path)
                     "validator",
                     "--config",
                     str(cfg.folder.config),
+                    # The pool's recipe: its steps never fill (batch_samples above).
+                    "--trainer.batch_samples",
+                    "1000",
                     "--orchestrator",
                     orchestrator.url,
                     "--key",
@@ -867,11 +870,13 @@ def test_a_likely_token_swapped_in_just_outside_its_interval_is_rejected(run, tm
     before = validate_file(path, model_dir=claimed, settings=PREVIOUS_REPLAY)
     assert before.status == Status.ACCEPTED, (swap, before.reason)
     verdict = validate_file(path, model_dir=claimed)
-    assert verdict.status == Status.REJECTED and verdict.failed_checks == ["sampling"], (
+    # Termination may fail too: with the tighter tolerance a low-probability EOS at the end
+    # no longer counts as drawn by the replay. The sampling miss must be the swapped token.
+    assert verdict.status == Status.REJECTED and "sampling" in verdict.failed_checks, (
         swap,
         verdict.reason,
     )
-    miss = verdict.failures[0]
+    miss = next(f for f in verdict.failures if f.check == "sampling")
     assert miss.sample == swap.sample and miss.detail.startswith(
         f"1 tokens not drawn by the seed's inverse-CDF replay (first at token {swap.position},"
     ), miss.detail
