@@ -196,6 +196,14 @@ def test_status_counts_trained_files_and_the_ledger_check_has_a_command(tmp_path
     checked = swarmrl("pool", "check", "--ledger", missing)
     assert checked.returncode == 2 and "does not exist" in checked.stderr
     assert not (tmp_path / "none.db").exists()
+    # A ledger of another version is refused as it is, never migrated by the check.
+    with sqlite3.connect(tmp_path / "ledger.db") as db:
+        db.execute("UPDATE alembic_version SET version_num = '0004'")
+    checked = swarmrl("pool", "check", "--ledger", ledger)
+    assert checked.returncode == 2, checked.stderr
+    assert "its schema is at 0004, this swarmrl's at 0005" in checked.stderr
+    with sqlite3.connect(tmp_path / "ledger.db") as db:
+        assert db.execute("SELECT version_num FROM alembic_version").fetchall() == [("0004",)]
 
 
 def test_the_orchestrator_starts_in_an_empty_folder_without_torch(tmp_path):
@@ -278,3 +286,29 @@ def test_a_worker_stopped_by_sigterm_leaks_no_semaphores(tmp_path):
         assert "Traceback" not in stderr, stderr
     finally:
         stop(proc)
+
+
+def test_each_role_states_only_the_recipe_fields_it_reads():
+    from swarmrl.config import load_config
+    from swarmrl.protocol import recipe
+
+    pool = api.Recipe(
+        run_id="r",
+        steps=50,
+        batch_samples=128,
+        prompts_per_assignment=8,
+        group_size=8,
+        async_level=2,
+    )
+    # A worker or validator with another trainer.steps or batch size is not refused:
+    # it never reads them.
+    cfg = load_config(None, {"run_name": "r", "trainer.steps": 7, "trainer.batch_samples": 512})
+    assert recipe.differences(pool, recipe.of_run(cfg, "worker")) == []
+    assert recipe.differences(pool, recipe.of_run(cfg, "validator")) == []
+    # A trainer that needs more than the pool issues is refused; one that needs less only
+    # leaves work unused (a run resumed with more steps starts so).
+    cfg = load_config(None, {"run_name": "r", "trainer.steps": 70, "trainer.batch_samples": 512})
+    said = recipe.differences(pool, recipe.of_run(cfg, "trainer"))
+    assert [line.split(":")[0] for line in said] == ["steps", "batch_samples"]
+    small = load_config(None, {"run_name": "r", "trainer.steps": 7, "trainer.batch_samples": 64})
+    assert recipe.differences(pool, recipe.of_run(small, "trainer")) == []

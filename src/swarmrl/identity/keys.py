@@ -9,11 +9,20 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
+
+# `py_ecc` (imported through `eth_account`) raises the recursion limit to 100,000 on
+# import, past what a thread's C stack holds: recursion in C code (a JSON scanner, a
+# parser of a worker's bytes) would then crash the process instead of raising
+# RecursionError. Every process that signs or verifies imports this module first: the
+# interpreter's default again, for all of them.
+RECURSION_LIMIT = 1000
+sys.setrecursionlimit(min(sys.getrecursionlimit(), RECURSION_LIMIT))
 
 
 class KeyFileError(ValueError):

@@ -285,7 +285,7 @@ def run_worker(
         identity,
         "worker",
         policy_step=lambda: policy_step if policy_step >= 0 else None,
-        recipe=recipe.of_run(cfg),
+        recipe=recipe.of_run(cfg, "worker"),
         retry_base=cfg.worker.poll_seconds,
         retry_cap=retry_cap,
     )

@@ -4,7 +4,8 @@ Lists every broken invariant of `check_ledger` (nothing issued, submitted, accep
 trained or paid lost or counted twice; the books add up), one line each, and exits 1
 if there is any; 0 with one summary line when the ledger is consistent. It reads the
 ledger the orchestrator writes (the database may be in use meanwhile), and refuses a
-SQLite file that does not exist rather than creating an empty one.
+SQLite file that does not exist rather than creating an empty one, and a ledger of
+another schema version rather than migrating it under a running orchestrator.
 """
 
 from __future__ import annotations

@@ -61,6 +61,22 @@ def migrate(engine: Engine) -> None:
         command.upgrade(config, "head")
 
 
+def schema_behind(engine: Engine) -> str | None:
+    """None when the ledger's schema is this package's newest, else what it is and needs."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory(str(resources.files("swarmrl.ledger") / "migrations"))
+    with engine.connect() as connection:
+        current = MigrationContext.configure(connection).get_current_heads()
+    heads = tuple(script.get_heads())
+    if set(current) == set(heads):
+        return None
+    return (
+        f"its schema is at {', '.join(current) or 'nothing'}, this swarmrl's at {', '.join(heads)}"
+    )
+
+
 def _sqlite_file(url: str) -> Path | None:
     """The database file of a SQLite URL (None for another database or `:memory:`)."""
     try:
@@ -76,8 +92,10 @@ class Ledger:
     """A migrated ledger database and a session factory for it.
 
     A SQLite ledger's folder is created when missing (`create`), so a first start in an
-    empty folder works; `create=False` refuses a ledger file that does not exist (a
-    check must not make an empty ledger and call it consistent)."""
+    empty folder works; `create=False` opens an existing ledger as it is: it refuses a
+    ledger file that does not exist (a check must not make an empty ledger and call it
+    consistent) and one whose schema is not this package's newest (a check must not
+    migrate the ledger of a running orchestrator under it)."""
 
     def __init__(self, url: str, create: bool = True) -> None:
         self.url = url
@@ -88,7 +106,13 @@ class Ledger:
             path.parent.mkdir(parents=True, exist_ok=True)
         self.engine = _engine(url)
         try:
-            migrate(self.engine)
+            if create:
+                migrate(self.engine)
+            elif (behind := schema_behind(self.engine)) is not None:
+                raise LedgerError(
+                    f"the ledger at {make_url(url).render_as_string(hide_password=True)} "
+                    f"was not written by this version of swarmrl: {behind}"
+                )
         except OperationalError as exc:
             raise LedgerError(
                 f"cannot open the ledger at {make_url(url).render_as_string(hide_password=True)}: "

@@ -19,10 +19,6 @@ KEEP_ALIVE_SECONDS = 30
 # issued, slice by slice. A shorter interval costs a little throughput and cuts that tail
 # (benchmarks/bench_orchestrator.py; docs/benchmarks.md).
 GIL_SWITCH_SECONDS = 0.0005
-# `py_ecc` (imported through `eth_account`) raises the recursion limit to 100,000, past
-# what a thread's C stack holds: recursion in C code (a JSON scanner, a parser) would then
-# crash the process instead of raising RecursionError. The interpreter's default again.
-RECURSION_LIMIT = 1000
 
 
 def _server(config: OrchestratorConfig, host: str, port: int) -> uvicorn.Server:
@@ -80,7 +76,6 @@ class OrchestratorThread:
 def serve(config: OrchestratorConfig, host: str, port: int) -> None:
     """Serve in the foreground until interrupted; prints the URL once listening."""
     sys.setswitchinterval(GIL_SWITCH_SECONDS)  # the whole process is the orchestrator
-    sys.setrecursionlimit(RECURSION_LIMIT)
     server = _server(config, host, port)
     # Everything built so far (modules, the app, the ledger's schema) lives as long as the
     # process: kept out of the collector's full passes, each of which stopped every request

@@ -11,7 +11,7 @@ values; `swarmrl status` lists the refusal and its reason.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from swarmrl.protocol.models import Recipe
 
@@ -30,16 +30,30 @@ MEMBER_FIELD = {
 }
 
 
-def of_run(cfg: RunConfig) -> Recipe:
-    """A member's recipe, from its run config (`trainer.steps` 0 means no limit)."""
-    return Recipe(
-        run_id=cfg.run_name,
-        steps=cfg.trainer.steps or None,
-        batch_samples=cfg.trainer.batch_samples,
-        prompts_per_assignment=cfg.worker.prompts_per_file,
-        group_size=cfg.sampling.group_size,
-        async_level=cfg.async_level,
-    )
+# Fields where a member's value may lie below the pool's (`differences`).
+AT_MOST = ("steps", "batch_samples")
+
+# The fields each role reads, so the ones it states: a member is never refused over a
+# value it does not use (a worker's trainer.steps, say).
+ROLE_FIELDS: dict[str, tuple[str, ...]] = {
+    "trainer": ("run_id", "steps", "batch_samples", "group_size", "async_level"),
+    "worker": ("run_id", "prompts_per_assignment", "group_size", "async_level"),
+    "validator": ("run_id", "prompts_per_assignment", "group_size"),
+}
+
+
+def of_run(cfg: RunConfig, role: str) -> Recipe:
+    """A member's recipe, from its run config: the fields its role reads, the others None
+    (`trainer.steps` 0 means no limit)."""
+    full: dict[str, Any] = {
+        "run_id": cfg.run_name,
+        "steps": cfg.trainer.steps or None,
+        "batch_samples": cfg.trainer.batch_samples,
+        "prompts_per_assignment": cfg.worker.prompts_per_file,
+        "group_size": cfg.sampling.group_size,
+        "async_level": cfg.async_level,
+    }
+    return Recipe(**{name: full[name] for name in ROLE_FIELDS[role]})
 
 
 def of_pool(config: OrchestratorConfig) -> Recipe:
@@ -55,13 +69,21 @@ def of_pool(config: OrchestratorConfig) -> Recipe:
 
 def differences(pool: Recipe, member: Recipe) -> list[str]:
     """`field: the pool's X, this member's Y (its config's F)` for each field where both
-    state a value and they differ (a pool without a run id or steps checks none)."""
+    state a value and they differ (a pool without a run id or steps checks none).
+
+    steps and batch_samples are bounds, not values to match: a trainer that stops before
+    the pool's last step, or reads fewer samples a step than the pool issues, only
+    leaves work unused (a run is resumed with more steps so); one that needs more than
+    the pool issues waits forever."""
     out = []
     for name in Recipe.model_fields:
         ours, theirs = getattr(pool, name), getattr(member, name)
-        if ours is not None and theirs is not None and ours != theirs:
-            out.append(
-                f"{name}: the pool's is {ours!r}, this member's {theirs!r} "
-                f"(its config's {MEMBER_FIELD[name]})"
-            )
+        if ours is None or theirs is None or ours == theirs:
+            continue
+        if name in AT_MOST and theirs < ours:
+            continue
+        out.append(
+            f"{name}: the pool's is {ours!r}, this member's {theirs!r} "
+            f"(its config's {MEMBER_FIELD[name]})"
+        )
     return out

@@ -62,7 +62,10 @@ def grpo_loss(
     if inp.entropy is not None:
         mean_entropy = (inp.entropy * mask).sum() / n_tokens
         if entropy_coef:
-            loss = loss - entropy_coef * (inp.entropy * mask).sum() / inp.token_budget
+            # Only on the tokens the loss keeps: a masked token (a forged claim, a ratio
+            # out of band) gets no gradient of any kind.
+            kept = (weighted > 0).to(mask.dtype)
+            loss = loss - entropy_coef * (inp.entropy * kept).sum() / inp.token_budget
     with torch.no_grad():
         # A token's gradient is cut when the min picks a clamped term that is flat in r.
         was_clipped = (

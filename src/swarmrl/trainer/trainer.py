@@ -47,7 +47,7 @@ from swarmrl.checkpoints import (
     trainer_state_path,
 )
 from swarmrl.config import RunConfig
-from swarmrl.protocol import PoolClient
+from swarmrl.protocol import PoolClient, recipe
 from swarmrl.protocol.membership import Membership
 from swarmrl.rollouts import RolloutBounds
 from swarmrl.tasks.registry import build_task
@@ -168,6 +168,7 @@ class Trainer:
                 "trainer",
                 member_url=origin_url,
                 policy_step=lambda: self.step,
+                recipe=recipe.of_run(cfg, "trainer"),
             )
             self.membership.start()
         self._publish(latest, final=latest >= tc.steps)
@@ -292,7 +293,7 @@ class Trainer:
             self.tok.pad_token_id,
         )
         self.opt_steps += len(minibatches)
-        return {**stats, "lr": self._lr()}
+        return {**stats, "lr": lrs[-1]}  # the rate of the step's last optimizer step
 
     def _save(self, step: int, record: dict | None) -> None:
         """Checkpoint `step` (collective): the sharded resume state first, then the weights

@@ -152,7 +152,9 @@ def run_validator(cfg: RunConfig, client: PoolClient) -> dict[str, int]:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     # Heartbeats from a thread: judging one file may take longer than the orchestrator
     # waits before it declares a silent member dead.
-    membership = Membership(client.url, client.identity, "validator", recipe=recipe.of_run(cfg))
+    membership = Membership(
+        client.url, client.identity, "validator", recipe=recipe.of_run(cfg, "validator")
+    )
     view = membership.start()
     try:
         while True:
