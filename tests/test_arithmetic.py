@@ -7,11 +7,22 @@ from swarmrl.tasks.arithmetic import ArithmeticTask, parse_answer, worked_soluti
 
 def test_worked_solution_and_answer():
     assert worked_solution(347, 285) == "7+5+0=12;4+8+1=13;3+2+1=06;=632"
-    assert worked_solution(947, 285, verbose=True) == "947+285:7+5+0=12;4+8+1=13;9+2+1=12;=1232"
+    assert worked_solution(947, 285, verbose=True) == "(947+285)7+5+0=12;4+8+1=13;9+2+1=12;=1232"
     # A dropped carry gives the wrong answer the demonstrations teach.
     assert worked_solution(347, 285, drop_carries=[False, True, False]).endswith(";=622")
-    assert parse_answer("347+285:7+5+0=12;4+8+1=13;3+2+1=06;=632") == 632
+    assert parse_answer("(347+285)7+5+0=12;4+8+1=13;3+2+1=06;=632") == 632
     assert parse_answer("no answer") is None and parse_answer("1+2+0=03;=") is None
+
+
+def test_the_restatement_choice_is_made_at_the_first_token():
+    # The length target decides whether to restate; that choice must sit at one token,
+    # whatever the digits (a restatement opening with a's first digit would often share
+    # it with the worked steps' first token).
+    rng = random.Random(0)
+    for _ in range(500):
+        a, b = rng.randint(100, 999), rng.randint(100, 999)
+        assert worked_solution(a, b, verbose=True)[0] != worked_solution(a, b)[0]
+        assert len(worked_solution(a, b, verbose=True)) == len(worked_solution(a, b)) + 9
 
 
 def test_scoring():
@@ -42,6 +53,6 @@ def test_demonstrations_are_imperfect_at_the_configured_rate():
     problems = [task.train_problem(rng.randrange(task.num_train())) for _ in range(2000)]
     demos = [task.demonstration(p, rng, carry_drop=0.6, verbose_prob=0.5) for p in problems]
     right = sum(task.score(p, d) for p, d in zip(problems, demos, strict=True)) / len(demos)
-    verbose = sum(":" in d for d in demos) / len(demos)
+    verbose = sum(d.startswith("(") for d in demos) / len(demos)
     assert 0.25 < right < 0.6
     assert 0.45 < verbose < 0.55

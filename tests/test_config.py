@@ -123,7 +123,7 @@ def test_length_alpha_sets_the_rewards_coefficient(tmp_path):
     assert cfg.task.length_alpha == 0.05
     reward = score_sample(1.0, 40, 32, cfg.task.length_alpha)
     assert reward.length_penalty == pytest.approx(0.4) and reward.total == pytest.approx(0.6)
-    assert load_config().task.length_alpha == 0.03  # the embedded default
+    assert load_config().task.length_alpha == 0.2  # the embedded default
 
 
 @pytest.mark.parametrize("source", ["toml", "flag"])

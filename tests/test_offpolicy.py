@@ -147,3 +147,21 @@ def test_learning_rate_warms_up_then_decays_to_the_final_ratio_on_the_last_step(
         0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (int(midpoint) - warm) / (total - warm - 1)))
     )
     assert [learning_rate(i, 1e-3, warm, total, "constant", 0.1) for i in (4, 50, 99)] == [1e-3] * 3
+
+
+def test_a_step_trains_on_what_it_has_after_reading_max_read_ratio_batches():
+    from swarmrl.config import TrainerConfig
+    from swarmrl.trainer.batches import BatchCollector
+    from swarmrl.trainer.trainer import enough
+
+    tc = TrainerConfig(batch_samples=128, max_read_ratio=4.0)
+    c = BatchCollector(step=5, async_level=2)
+    c.all_rewards = [1.0] * 511
+    assert not enough(c, tc)  # nothing usable: keep reading, however much was read
+    c.groups = [[None] * 8]  # type: ignore[list-item]  # one group with signal
+    assert not enough(c, tc)  # 511 read < 4 x 128
+    c.all_rewards.append(0.0)
+    assert enough(c, tc)
+    assert not enough(c, TrainerConfig(batch_samples=128, max_read_ratio=0))  # the paper's rule
+    c.groups = [[None] * 8] * 16  # type: ignore[list-item]
+    assert enough(c, TrainerConfig(batch_samples=128, max_read_ratio=0))  # a full batch

@@ -63,11 +63,11 @@ class TaskConfig(_Section):
         description="held-out problems to evaluate on (math and code: the last eval_size problems of `path`; ignored when eval_path is given)",
     )
     target_lengths: list[int] = Field(
-        [32, 40],
+        [32, 41],
         description="target completion lengths (tokens), one sampled per prompt and written into it; empty = no length target",
     )
     length_alpha: float = Field(
-        0.03,
+        0.2,
         ge=0,
         description="alpha in reward = task reward - alpha*|target - length| (paper: 3e-4 for thousands of tokens)",
     )
@@ -149,6 +149,11 @@ class TrainerConfig(_Section):
     steps: int = Field(50, ge=0, description="rollout steps to train (checkpoints 1..steps)")
     batch_samples: int = Field(
         128, ge=1, description="non-zero-advantage samples consumed per rollout step (whole groups)"
+    )
+    max_read_ratio: float = Field(
+        4.0,
+        ge=0,
+        description="a step that has read this many times batch_samples and still lacks a full batch of samples with signal trains on the usable ones it has (at least one group): once the task is nearly solved, groups whose rewards all agree make most of what is read, and a full batch would take ever more generation; 0 = always wait for a full batch",
     )
     optimizer_steps: int = Field(
         2,

@@ -30,7 +30,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from swarmrl.model.tokenizer import build_char_tokenizer
 from swarmrl.tasks.arithmetic import ArithmeticTask
 
-MODEL_NAME = "swarmrl-tiny-arith-v2"  # v2: prompts end at the target (no newline)
+# v2: prompts end at the target (no newline); v3: a restatement opens with `(`
+MODEL_NAME = "swarmrl-tiny-arith-v3"
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class WarmStartRecipe:
     warmup: int = 30
     carry_drop: float = 0.6
     verbose_prob: float = 0.5
-    target_lengths: tuple[int, ...] = (32, 40)
+    target_lengths: tuple[int, ...] = (32, 41)
     seed: int = 0
 
 

@@ -8,12 +8,17 @@ offsets, which a tiny transformer learns in a short supervised run.
 Two things are left for RL to fix, both on purpose (`demonstration`):
 - the demonstrations forget an incoming carry with probability `carry_drop`, so the
   warm-started model drops carries and gets many sums wrong;
-- they restate the problem before working (`347+285:`, "verbose", 8 tokens longer)
+- they restate the problem before working (`(347+285)`, "verbose", 9 tokens longer)
   at random, ignoring the target length the prompt asks for, so the length error is
   large until RL conditions that choice on the target.
 
-The prompt ends with the target (`347+285 think 40`, nothing after it), right where the
-completion starts, so the choice of restating or not sits next to what it should depend on.
+The prompt ends with the target (`347+285 think 41`, nothing after it), right where the
+completion starts, so the choice of restating or not sits next to what it should depend
+on, and it is made at one token: a restatement opens with `(`, which no worked step
+does. (A restatement that opened with the first digit, `347+285:`, left the choice to
+the second token whenever a's first and last digits agree, one problem in ten; RL
+learned it there far more slowly, and those problems made most of the length error
+left after training.)
 
 Training problems are every pair outside the held-out split, or, with a problem file
 (`path`: JSONL or Parquet rows with integer `a` and `b`, e.g. the prompt set written by
@@ -59,7 +64,7 @@ def worked_solution(
         digits.append(str(total % 10))
         carry = total // 10
     answer = ("1" if carry else "") + "".join(reversed(digits))
-    prefix = f"{a}+{b}:" if verbose else ""
+    prefix = f"({a}+{b})" if verbose else ""
     return prefix + "".join(steps) + "=" + answer
 
 

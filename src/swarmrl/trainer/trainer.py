@@ -46,7 +46,7 @@ from swarmrl.checkpoints import (
     save_checkpoint,
     trainer_state_path,
 )
-from swarmrl.config import RunConfig
+from swarmrl.config import RunConfig, TrainerConfig
 from swarmrl.protocol import PoolClient, recipe
 from swarmrl.protocol.membership import Membership
 from swarmrl.rollouts import RolloutBounds
@@ -77,6 +77,19 @@ def learning_rate(
         return peak
     progress = min(1.0, (done - warmup) / (total - warmup - 1))
     return peak * (final_ratio + (1 - final_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def enough(collector: StepCollector, tc: TrainerConfig) -> bool:
+    """A full batch of usable samples, or (`max_read_ratio`) some usable ones after
+    reading max_read_ratio x batch_samples samples for the step."""
+    if collector.usable >= tc.batch_samples:
+        return True
+    read = len(collector.all_rewards)
+    return (
+        tc.max_read_ratio > 0
+        and collector.usable > 0
+        and read >= tc.max_read_ratio * tc.batch_samples
+    )
 
 
 class Trainer:
@@ -233,10 +246,7 @@ class Trainer:
         reported = -1
         while True:
             collector.poll()
-            if (
-                collector.usable >= self.cfg.trainer.batch_samples
-                and collector.drop_withdrawn() == 0
-            ):
+            if enough(collector, self.cfg.trainer) and collector.drop_withdrawn() == 0:
                 collector.report(full=True)
                 return (
                     collector.take(self.cfg.trainer.batch_samples),
