@@ -174,7 +174,7 @@ def test_a_run_folder_is_resumed_only_by_the_same_run(tmp_path):
         prepare_folder(other, fresh=False, console=console)
     assert str(err.value) == (
         f"run 'r' in {cfg.folder.root} was started with a different task.target_lengths: "
-        f"[32, 40] -> [20]; choose another --run_name, or add --fresh to delete "
+        f"[32, 41] -> [20]; choose another --run_name, or add --fresh to delete "
         f"{cfg.folder.root} and start over"
     )
     assert cfg.folder.config.exists()  # refused: nothing touched
