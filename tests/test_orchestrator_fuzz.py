@@ -60,6 +60,21 @@ JSON_VALUES = st.recursive(
 # (method, path, who sends it, an honest body)
 ENDPOINTS = [
     ("POST", "/v1/register", "worker", {"role": "worker"}),
+    (
+        "POST",
+        "/v1/register",
+        "worker",
+        {
+            "role": "worker",
+            "recipe": {"run_id": "test", "prompts_per_assignment": 2, "group_size": 2},
+        },
+    ),
+    (
+        "POST",
+        "/v1/register",
+        "trainer",
+        {"role": "trainer", "recipe": {"run_id": "test", "steps": 3, "batch_samples": 8}},
+    ),
     ("POST", "/v1/heartbeat", "worker", {"policy_step": 0}),
     ("POST", "/v1/assignments", "worker", {"policy_step": 0}),
     ("POST", "/v1/submissions/trained", "trainer", {"step": 0, "file_hashes": ["0" * 64]}),
@@ -78,6 +93,7 @@ ENDPOINTS = [
 ]
 MODELS = [
     api.RegisterRequest,
+    api.Recipe,
     api.HeartbeatRequest,
     api.AssignmentRequest,
     api.MarkTrainedRequest,
@@ -121,6 +137,7 @@ def test_mutated_bodies_never_crash_the_server(pool, endpoint, edits):
             [
                 "role",
                 "url",
+                "recipe",
                 "policy_step",
                 "step",
                 "file_hashes",
@@ -148,22 +165,30 @@ def test_wrong_field_values_never_crash_the_server(pool, endpoint, fields):
 
 @FUZZ
 @given(
-    header=st.sampled_from(["X-Address", "X-Timestamp", "X-Nonce", "X-Signature"]),
+    header=st.sampled_from(["X-Pool", "X-Address", "X-Timestamp", "X-Nonce", "X-Signature"]),
     value=st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126), max_size=140),
 )
 def test_mutated_signature_headers_never_crash_the_server(pool, header, value):
     r = signed_raw(
         pool.url, pool.workers[0].identity, "POST", "/v1/heartbeat", b"{}", headers={header: value}
     )
-    assert r.status_code in (200, 401), r.text
+    assert r.status_code in (200, 401, 426), r.text
+    # A signed GET is verified by the route's own dependency, not the body gate.
+    lookup = f"/v1/submissions/{'0' * 64}/assignment"
+    r = signed_raw(pool.url, pool.validator.identity, "GET", lookup, headers={header: value})
+    assert r.status_code in (401, 404, 426), r.text
 
 
 @FUZZ
-@given(query=st.text(max_size=40), segment=st.text(max_size=40))
-def test_mutated_paths_never_crash_the_server(pool, query, segment):
+@given(
+    query=st.text(max_size=40),
+    segment=st.text(max_size=40),
+    tail=st.sampled_from(["file", "assignment"]),
+)
+def test_mutated_paths_never_crash_the_server(pool, query, segment, tail):
     from urllib.parse import quote
 
-    path = f"/v1/submissions/{quote(segment, safe='')}/file?{quote(query, safe='=&')}"
+    path = f"/v1/submissions/{quote(segment, safe='')}/{tail}?{quote(query, safe='=&')}"
     r = signed_raw(pool.url, pool.trainer.identity, "GET", path)
     assert r.status_code < 500, r.text
 
