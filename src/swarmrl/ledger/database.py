@@ -49,13 +49,18 @@ def _engine(url: str) -> Engine:
     return create_engine(parsed, pool_pre_ping=True)
 
 
+def _migrations() -> str:
+    """The folder of the migrations shipped with this package."""
+    return str(resources.files("swarmrl.ledger") / "migrations")
+
+
 def migrate(engine: Engine) -> None:
     """Upgrade the ledger's schema to the newest migration shipped with this package."""
     from alembic import command
     from alembic.config import Config
 
     config = Config()
-    config.set_main_option("script_location", str(resources.files("swarmrl.ledger") / "migrations"))
+    config.set_main_option("script_location", _migrations())
     with engine.begin() as connection:
         config.attributes["connection"] = connection
         command.upgrade(config, "head")
@@ -66,7 +71,7 @@ def schema_behind(engine: Engine) -> str | None:
     from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
 
-    script = ScriptDirectory(str(resources.files("swarmrl.ledger") / "migrations"))
+    script = ScriptDirectory(_migrations())
     with engine.connect() as connection:
         current = MigrationContext.configure(connection).get_current_heads()
     heads = tuple(script.get_heads())

@@ -11,9 +11,9 @@ values; `swarmrl status` lists the refusal and its reason.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from swarmrl.protocol.models import Recipe
+from swarmrl.protocol.models import Recipe, Role
 
 if TYPE_CHECKING:
     from swarmrl.config import RunConfig
@@ -35,25 +35,25 @@ AT_MOST = ("steps", "batch_samples")
 
 # The fields each role reads, so the ones it states: a member is never refused over a
 # value it does not use (a worker's trainer.steps, say).
-ROLE_FIELDS: dict[str, tuple[str, ...]] = {
+ROLE_FIELDS: dict[Role, tuple[str, ...]] = {
     "trainer": ("run_id", "steps", "batch_samples", "group_size", "async_level"),
     "worker": ("run_id", "prompts_per_assignment", "group_size", "async_level"),
     "validator": ("run_id", "prompts_per_assignment", "group_size"),
 }
 
 
-def of_run(cfg: RunConfig, role: str) -> Recipe:
+def of_run(cfg: RunConfig, role: Role) -> Recipe:
     """A member's recipe, from its run config: the fields its role reads, the others None
     (`trainer.steps` 0 means no limit)."""
-    full: dict[str, Any] = {
-        "run_id": cfg.run_name,
-        "steps": cfg.trainer.steps or None,
-        "batch_samples": cfg.trainer.batch_samples,
-        "prompts_per_assignment": cfg.worker.prompts_per_file,
-        "group_size": cfg.sampling.group_size,
-        "async_level": cfg.async_level,
-    }
-    return Recipe(**{name: full[name] for name in ROLE_FIELDS[role]})
+    full = Recipe(
+        run_id=cfg.run_name,
+        steps=cfg.trainer.steps or None,
+        batch_samples=cfg.trainer.batch_samples,
+        prompts_per_assignment=cfg.worker.prompts_per_file,
+        group_size=cfg.sampling.group_size,
+        async_level=cfg.async_level,
+    )
+    return Recipe(**full.model_dump(include=set(ROLE_FIELDS[role])))
 
 
 def of_pool(config: OrchestratorConfig) -> Recipe:
