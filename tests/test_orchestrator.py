@@ -695,7 +695,9 @@ def test_trainer_and_validator_flow(pool):
 
 
 def test_validator_restart_resumes_pending(tmp_path):
-    p = make_pool(tmp_path, validation_lease_seconds=0.5)
+    # A lease long enough that the second request surely falls inside it on a loaded
+    # machine (at 0.5 s it once expired between two requests in CI).
+    p = make_pool(tmp_path, validation_lease_seconds=2.0)
     p.trainer.announce_checkpoint(0, BLAKE)
     try:
         worker, a = _assignment(p)
@@ -703,7 +705,7 @@ def test_validator_restart_resumes_pending(tmp_path):
         assert p.validator.next_for_validation().submission.file_hash == info.file_hash
         # The validator dies before its verdict: after the lease the file comes back.
         assert p.validator.next_for_validation().submission is None
-        time.sleep(0.7)
+        time.sleep(2.2)
         assert p.validator.next_for_validation().submission.file_hash == info.file_hash
     finally:
         p.stop()
