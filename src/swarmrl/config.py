@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from swarmrl.runfolder import RunFolder
+from swarmrl.toploc.thresholds import TOPLOC_PRESETS
 
 logger = logging.getLogger(__name__)
 
@@ -242,14 +243,12 @@ class ValidatorConfig(_Section):
     )
     toploc: str = Field(
         "fp32",
-        description="TOPLOC thresholds, a preset of swarmrl.validator.TOPLOC_PRESETS: fp32 (calibrated on fp32 models) or paper (bf16 GPUs)",
+        description="TOPLOC thresholds, a preset of swarmrl.toploc.TOPLOC_PRESETS: fp32 (calibrated on fp32 models) or paper (bf16 GPUs)",
     )
 
     @field_validator("toploc")
     @classmethod
     def _known_preset(cls, name: str) -> str:
-        from swarmrl.validator.settings import TOPLOC_PRESETS  # the one list (imports this module)
-
         if name not in TOPLOC_PRESETS:
             raise ValueError(f"unknown TOPLOC preset {name!r}; one of {sorted(TOPLOC_PRESETS)}")
         return name

@@ -15,7 +15,8 @@ from swarmrl.assignment import Assignment
 from swarmrl.inference.sampler import Generation, SamplingParams, sample
 from swarmrl.rewards import group_advantages, has_signal, score_sample
 from swarmrl.rollouts import empty_columns
-from swarmrl.tasks.base import Problem, Task
+from swarmrl.scoring import completion_text, prompt_ids
+from swarmrl.tasks.base import Task
 from swarmrl.toploc import build_proofs_batch, proofs_to_bytes
 
 
@@ -27,17 +28,6 @@ class RolloutBatch:
     gen_seconds: float
     gen_tokens: int
     proof_seconds: float
-
-
-def prompt_ids(tokenizer, task: Task, problem: Problem, target: int | None) -> list[int]:
-    """The prompt's token ids; a target length of None or -1 (the column's "none") means no target."""
-    rendered = task.render_prompt(problem, target if target is not None and target >= 0 else None)
-    return tokenizer(rendered)["input_ids"]
-
-
-def completion_text(tokenizer, tokens: list[int], eos_id: int) -> str:
-    body = tokens[:-1] if tokens and tokens[-1] == eos_id else tokens
-    return tokenizer.decode(body, skip_special_tokens=True)
 
 
 def generate_rollouts(

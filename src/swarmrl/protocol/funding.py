@@ -9,13 +9,19 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from swarmrl.identity import Identity, KeyFileError, generate_key_file, load_identity
-from swarmrl.protocol.client import PoolClient, PoolRefused, PoolUnreachable
+if TYPE_CHECKING:
+    from swarmrl.identity import Identity
+
+# eth-account and httpx are imported where they are used, not here: `swarmrl`'s argument
+# parser registers `pool` for every subcommand and must not load them to do it.
 
 
 def owner_key(path: Path) -> Identity:
     """The pool owner's key in `path`, written (mode 0600) on first use."""
+    from swarmrl.identity import generate_key_file, load_identity
+
     path = Path(path)
     if path.exists():
         return load_identity(path)
@@ -33,6 +39,8 @@ def staking_flags(owner: Identity, stake: float) -> list[str]:
 def fund_workers(url: str, owner: Identity, workers: Iterable[Identity], stake: float) -> None:
     """Fund each worker with what it lacks to lock `stake` (nothing on a resumed run
     whose workers are staked already)."""
+    from swarmrl.protocol.client import PoolClient
+
     if stake <= 0:
         return
     with PoolClient(url, owner) as client:
@@ -44,6 +52,9 @@ def fund_workers(url: str, owner: Identity, workers: Iterable[Identity], stake: 
 
 
 def _fund(args) -> int:
+    from swarmrl.identity import KeyFileError, load_identity
+    from swarmrl.protocol.client import PoolClient, PoolRefused, PoolUnreachable
+
     try:
         owner = load_identity(args.key)
     except KeyFileError as exc:

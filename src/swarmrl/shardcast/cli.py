@@ -23,8 +23,11 @@ from pathlib import Path
 
 from swarmrl.shardcast.client import MIN_RATE, FetchError, fetch
 from swarmrl.shardcast.relay import Relay
-from swarmrl.shardcast.server import DEFAULT_HOST, serve_forever, start_server
 from swarmrl.shardcast.store import VersionStore
+
+# The server (aiohttp) is imported by the commands that serve: `swarmrl`'s argument
+# parser registers these commands for every subcommand and should not load it. A --host
+# left out is None until then, and means the server's DEFAULT_HOST (loopback).
 
 
 def _urls(text: str) -> list[str]:
@@ -32,6 +35,9 @@ def _urls(text: str) -> list[str]:
 
 
 def run_origin(args: argparse.Namespace) -> int:
+    from swarmrl.shardcast.server import DEFAULT_HOST, serve_forever
+
+    args.host = args.host or DEFAULT_HOST
     VersionStore(args.root)
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a user stops the server
         asyncio.run(serve_forever(args.root, args.host, args.port))
@@ -45,7 +51,9 @@ def run_relay(args: argparse.Namespace) -> int:
     from swarmrl.identity import KeyFileError, load_identity
     from swarmrl.protocol import PoolRefused
     from swarmrl.protocol.membership import Membership
+    from swarmrl.shardcast.server import DEFAULT_HOST, start_server
 
+    args.host = args.host or DEFAULT_HOST
     if (args.orchestrator is None) != (args.key is None):
         print("error: give both --orchestrator and --key, or neither", file=sys.stderr)
         return 2
@@ -142,9 +150,7 @@ def register(subparsers) -> None:
     origin.add_argument(
         "--root", type=Path, required=True, help="directory holding distribution.txt and v<N>/"
     )
-    origin.add_argument(
-        "--host", default=DEFAULT_HOST, help="address to bind (default loopback only)"
-    )
+    origin.add_argument("--host", default=None, help="address to bind (default loopback only)")
     origin.add_argument("--port", type=int, default=8000, help="TCP port (0 picks a free one)")
     origin.set_defaults(func=run_origin)
 
@@ -167,9 +173,7 @@ def register(subparsers) -> None:
     relay.add_argument(
         "--root", type=Path, required=True, help="directory the relay mirrors into and serves"
     )
-    relay.add_argument(
-        "--host", default=DEFAULT_HOST, help="address to bind (default loopback only)"
-    )
+    relay.add_argument("--host", default=None, help="address to bind (default loopback only)")
     relay.add_argument("--port", type=int, default=8001, help="TCP port (0 picks a free one)")
     relay.add_argument("--poll-s", type=float, default=2.0, help="seconds between upstream checks")
     relay.add_argument(

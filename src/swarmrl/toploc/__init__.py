@@ -3,7 +3,8 @@
 ``build_proofs`` (worker) and ``verify_proofs`` (validator) in ``proofs``, with
 ``build_proofs_batch`` and ``verify_proofs_batch`` for a whole rollout file; the proof
 bytes and the rollout file's concatenated ``proofs`` column in ``encoding``; the
-GF(65497) arithmetic in ``gf``. Byte-compatible with the reference ``toploc`` 0.1.6;
+GF(65497) arithmetic in ``gf``; the chunk thresholds and their named presets
+(``TOPLOC_PRESETS``) in ``thresholds``. Byte-compatible with the reference ``toploc`` 0.1.6;
 see docs/toploc.md.
 
 Names are loaded on first use (PEP 562), so that reading the thresholds does not load
@@ -14,6 +15,9 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 _WHERE = {
+    "FP32_TOPLOC": "thresholds",
+    "PAPER_TOPLOC": "thresholds",
+    "TOPLOC_PRESETS": "thresholds",
     "ChunkCheck": "proofs",
     "ProofFormatError": "encoding",
     "ToplocThresholds": "thresholds",
@@ -27,6 +31,7 @@ _WHERE = {
     "proofs_to_bytes": "encoding",
     "verify_proofs": "proofs",
     "verify_proofs_batch": "proofs",
+    "toploc_preset_help": "thresholds",
 }
 
 if TYPE_CHECKING:
@@ -47,7 +52,11 @@ if TYPE_CHECKING:
         verify_proofs_batch,
     )
     from swarmrl.toploc.thresholds import (
+        FP32_TOPLOC,
+        PAPER_TOPLOC,
+        TOPLOC_PRESETS,
         ToplocThresholds,
+        toploc_preset_help,
     )
 
 
@@ -58,6 +67,9 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "FP32_TOPLOC",
+    "PAPER_TOPLOC",
+    "TOPLOC_PRESETS",
     "ChunkCheck",
     "ProofFormatError",
     "ToplocThresholds",
@@ -69,6 +81,7 @@ __all__ = [
     "encode_proofs",
     "parse_proof",
     "proofs_to_bytes",
+    "toploc_preset_help",
     "verify_proofs",
     "verify_proofs_batch",
 ]

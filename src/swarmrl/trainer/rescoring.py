@@ -19,12 +19,10 @@ from typing import Any
 import numpy as np
 
 from swarmrl.config import RunConfig
-from swarmrl.inference.rollout import completion_text
 from swarmrl.rewards import group_advantages, length_penalty
 from swarmrl.rollouts import RolloutFileError, RolloutMeta, Rollouts
+from swarmrl.scoring import check_assignment, check_values, completion_text, expected_prompts
 from swarmrl.tasks.base import Task
-from swarmrl.validator import checks
-from swarmrl.validator.verdict import expected_prompts
 
 log = logging.getLogger("swarmrl.trainer")
 
@@ -69,7 +67,7 @@ class Rescorer:
         if seed is None:
             raise RolloutFileError(path, "no assignment seed known for this file")
         expected, problems = expected_prompts(self.cfg, seed, self.task, self.tokenizer)
-        assigned = checks.check_assignment(rows, expected)
+        assigned = check_assignment(rows, expected)
         if not assigned.passed:
             first = assigned.failures[0]
             where = f"sample {first.sample}" if first.sample is not None else "file"
@@ -80,7 +78,7 @@ class Rescorer:
             for pid, out in zip(rows.problem_id, rows.output_tokens, strict=True)
         ]
         group_size = self.cfg.sampling.group_size
-        claimed = checks.check_values(
+        claimed = check_values(
             rows,
             task_rewards,
             alpha=self.cfg.task.length_alpha,

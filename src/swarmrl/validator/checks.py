@@ -1,7 +1,8 @@
 """The validator's checks: pure functions from a rollout file's rows (and recomputed values) to results.
 
 Each check returns a ``CheckResult``: its name, the samples that fail it (first failing
-detail per sample) and a few figures. Nothing here touches disk or runs the model; the
+detail per sample) and a few figures. The assignment and values checks, which the
+trainer runs too, are ``swarmrl.scoring``'s and re-exported here. Nothing here touches disk or runs the model; the
 verdict module (``verdict.py``) gathers the inputs and runs the checks in order:
 
 duplicate -> consistency -> assignment -> values -> termination -> toploc -> logprobs -> sampling
@@ -10,15 +11,36 @@ duplicate -> consistency -> assignment -> values -> termination -> toploc -> log
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from swarmrl.rewards import group_advantages, has_signal, length_penalty
+from swarmrl.rewards import has_signal
 from swarmrl.rollouts import Rollouts
+from swarmrl.scoring import (
+    CheckFailure,
+    CheckResult,
+    ExpectedPrompt,
+    check_assignment,
+    check_result,
+    check_values,
+)
 from swarmrl.toploc import ToplocThresholds, verify_proofs_batch
 from swarmrl.validator.prefill import TokenStats
 from swarmrl.validator.sampling import ReplayResult, SamplingStatistics
+
+__all__ = [
+    "CHECK_ORDER",
+    "CheckFailure",
+    "CheckResult",
+    "ExpectedPrompt",
+    "check_assignment",
+    "check_consistency",
+    "check_logprobs",
+    "check_sampling",
+    "check_termination",
+    "check_toploc",
+    "check_values",
+]
 
 CHECK_ORDER = (
     "duplicate",
@@ -30,40 +52,6 @@ CHECK_ORDER = (
     "logprobs",
     "sampling",
 )
-
-
-@dataclass(frozen=True)
-class CheckFailure:
-    """One failing sample of one check (sample None: the file as a whole)."""
-
-    check: str
-    sample: int | None
-    detail: str
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    name: str
-    failures: tuple[CheckFailure, ...] = ()
-    figures: dict = field(default_factory=dict)
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
-
-
-@dataclass(frozen=True)
-class ExpectedPrompt:
-    """What the assignment says row i must hold."""
-
-    problem_id: str
-    input_tokens: list[int]
-    target_length: int
-    seed: int
-
-
-def _result(name: str, failures: list[CheckFailure], **figures) -> CheckResult:
-    return CheckResult(name, tuple(failures), figures)
 
 
 def check_consistency(
@@ -144,90 +132,7 @@ def check_consistency(
                     f"metadata says {num_nonzero} non-zero-advantage samples, the rewards give {counted}",
                 )
             )
-    return _result("consistency", failures)
-
-
-def check_assignment(rows: Rollouts, expected: list[ExpectedPrompt]) -> CheckResult:
-    """Each row holds the prompt, target length and seed that the assignment seed gives it."""
-    failures = []
-    for i in range(min(len(rows), len(expected))):
-        want = expected[i]
-        if rows.problem_id[i] != want.problem_id:
-            failures.append(
-                CheckFailure(
-                    "assignment",
-                    i,
-                    f"problem {rows.problem_id[i]!r}, the assignment gives {want.problem_id!r}",
-                )
-            )
-        elif rows.input_tokens[i] != want.input_tokens:
-            failures.append(
-                CheckFailure(
-                    "assignment",
-                    i,
-                    "prompt tokens differ from the assigned problem's rendered prompt",
-                )
-            )
-        elif rows.target_lengths[i] != want.target_length:
-            failures.append(
-                CheckFailure(
-                    "assignment",
-                    i,
-                    f"target length {rows.target_lengths[i]}, the assignment gives {want.target_length}",
-                )
-            )
-        elif rows.seed[i] != want.seed:
-            failures.append(
-                CheckFailure(
-                    "assignment", i, f"seed {rows.seed[i]}, the assignment gives {want.seed}"
-                )
-            )
-    if len(rows) != len(expected):
-        failures.append(
-            CheckFailure(
-                "assignment", None, f"{len(rows)} samples, the assignment has {len(expected)}"
-            )
-        )
-    return _result("assignment", failures)
-
-
-def _close(stored: float, recomputed: float, tolerance: float) -> bool:
-    # Written so that NaN in a stored value fails.
-    return abs(float(stored) - float(recomputed)) <= tolerance
-
-
-def check_values(
-    rows: Rollouts, task_rewards: list[float], *, alpha: float, group_size: int, tolerance: float
-) -> CheckResult:
-    """Task rewards (recomputed by the caller), length penalties, totals and group advantages."""
-    failures: dict[int, CheckFailure] = {}
-    totals = []
-    for i in range(len(rows)):
-        penalty = length_penalty(rows.target_lengths[i], len(rows.output_tokens[i]), alpha)
-        total = task_rewards[i] - penalty
-        totals.append(total)
-        for name, stored, want in (
-            ("task reward", rows.task_rewards[i], task_rewards[i]),
-            ("length penalty", rows.length_penalties[i], penalty),
-            ("reward", rows.rewards[i], total),
-        ):
-            if i not in failures and not _close(stored, want, tolerance):
-                failures[i] = CheckFailure(
-                    "values", i, f"{name} {stored:.6g}, recomputed {want:.6g}"
-                )
-    for g in range(0, len(rows) - len(rows) % group_size, group_size):
-        want_adv = group_advantages(totals[g : g + group_size])
-        for j, a in enumerate(want_adv):
-            i = g + j
-            if i not in failures and not _close(
-                rows.advantages[i], a, tolerance * max(1.0, abs(float(a)))
-            ):
-                failures[i] = CheckFailure(
-                    "values",
-                    i,
-                    f"advantage {rows.advantages[i]:.6g}, recomputed {a:.6g} from the group's rewards",
-                )
-    return _result("values", [failures[i] for i in sorted(failures)])
+    return check_result("consistency", failures)
 
 
 def check_termination(
@@ -274,7 +179,7 @@ def check_termination(
                         f"(needs > {min_eos_prob}, or drawn by the seed replay)",
                     )
                 )
-    return _result("termination", failures, low_probability_eos=low_eos)
+    return check_result("termination", failures, low_probability_eos=low_eos)
 
 
 def check_toploc(
@@ -303,7 +208,7 @@ def check_toploc(
                     f"{thresholds.max_mant_err_median})",
                 )
             )
-    return _result(
+    return check_result(
         "toploc",
         failures,
         max_exp_mismatches=worst[0],
@@ -330,7 +235,7 @@ def check_logprobs(rows: Rollouts, stats: list[TokenStats], tolerance: float) ->
                     f"(tolerance {tolerance})",
                 )
             )
-    return _result("logprobs", failures, max_abs_diff=worst)
+    return check_result("logprobs", failures, max_abs_diff=worst)
 
 
 def check_sampling(
@@ -371,7 +276,7 @@ def check_sampling(
             )
         )
     worst_excess = max((r.worst_excess for r in replays), default=-math.inf)
-    return _result(
+    return check_result(
         "sampling",
         failures,
         surprisal_z=statistics.surprisal_z,

@@ -12,7 +12,8 @@ def _validate(args: argparse.Namespace) -> int:
     import torch
 
     from swarmrl.rollouts import file_hash
-    from swarmrl.validator.settings import TOPLOC_PRESETS, ValidatorSettings
+    from swarmrl.toploc.thresholds import TOPLOC_PRESETS
+    from swarmrl.validator.settings import ValidatorSettings
     from swarmrl.validator.verdict import (
         Status,
         selected_for_validation,
@@ -115,7 +116,7 @@ def issued_seed(url: str, key: Path, digest: str) -> int:
 
 def register(subparsers) -> None:
     """Add `validate` to the `swarmrl` command's subparsers."""
-    from swarmrl.validator.settings import TOPLOC_PRESETS, toploc_preset_help
+    from swarmrl.toploc.thresholds import TOPLOC_PRESETS, toploc_preset_help
 
     p = subparsers.add_parser(
         "validate",

@@ -44,7 +44,8 @@ from swarmrl.runfolder import RunFolder
 from swarmrl.shardcast.client import fetch
 from swarmrl.shardcast.errors import FetchError
 from swarmrl.tasks.registry import build_task
-from swarmrl.validator.settings import TOPLOC_PRESETS, ValidatorSettings
+from swarmrl.toploc.thresholds import TOPLOC_PRESETS
+from swarmrl.validator.settings import ValidatorSettings
 from swarmrl.validator.verdict import Status, Verdict, judge_file
 
 log = logging.getLogger("swarmrl.validator")

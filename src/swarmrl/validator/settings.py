@@ -1,29 +1,28 @@
-"""How strict the validator is: every threshold, and the named TOPLOC presets.
+"""How strict the validator is: every threshold.
 
 docs/validator.md gives the measured honest worst of each figure and the margin each
-threshold keeps over it. ``TOPLOC_PRESETS`` is the one list of presets; the run config
-(``validator.toploc``) and `swarmrl validate --toploc` take their names from it.
+threshold keeps over it. The named TOPLOC presets (``TOPLOC_PRESETS``) live with the
+thresholds in ``swarmrl.toploc.thresholds``, one floor below the run config and the
+validator, and are re-exported here.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from swarmrl.toploc.thresholds import PAPER_THRESHOLDS, ToplocThresholds
+from swarmrl.toploc.thresholds import (
+    FP32_TOPLOC,
+    PAPER_TOPLOC,
+    TOPLOC_PRESETS,
+    ToplocThresholds,
+)
 
-# TOPLOC thresholds calibrated for fp32 workers and validators (docs/validator.md). The
-# paper's 38/10/8 were set for bf16 on GPUs; on fp32 they pass weights perturbed by 10%
-# of their spread. Use the paper preset when workers run bf16.
-FP32_TOPLOC = ToplocThresholds(max_exp_mismatches=8, max_mant_err_mean=0.5, max_mant_err_median=1.0)
-PAPER_TOPLOC = PAPER_THRESHOLDS
-TOPLOC_PRESETS: dict[str, ToplocThresholds] = {"fp32": FP32_TOPLOC, "paper": PAPER_TOPLOC}
-
-
-def toploc_preset_help() -> str:
-    return ", ".join(
-        f"{name} ({t.max_exp_mismatches}/{t.max_mant_err_mean:g}/{t.max_mant_err_median:g})"
-        for name, t in TOPLOC_PRESETS.items()
-    )
+__all__ = [
+    "FP32_TOPLOC",
+    "PAPER_TOPLOC",
+    "TOPLOC_PRESETS",
+    "ValidatorSettings",
+]
 
 
 class ValidatorSettings(BaseModel):

@@ -33,10 +33,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from swarmrl.assignment import assign_from_seed, assignment_seed
+from swarmrl.assignment import assignment_seed
 from swarmrl.checkpoints import checkpoint_dir
 from swarmrl.config import ConfigError, RunConfig, load_config
-from swarmrl.inference.rollout import completion_text, prompt_ids
 from swarmrl.rollouts import (
     AssignmentKey,
     RolloutBounds,
@@ -50,7 +49,8 @@ from swarmrl.rollouts import (
     read_rollouts,
 )
 from swarmrl.runfolder import RunFolder
-from swarmrl.tasks.base import Problem, Task
+from swarmrl.scoring import completion_text, expected_prompts
+from swarmrl.tasks.base import Task
 from swarmrl.tasks.registry import build_task
 from swarmrl.toploc import ProofFormatError, bytes_to_proofs
 from swarmrl.validator import checks
@@ -122,32 +122,6 @@ def file_seed(cfg: RunConfig, meta: RolloutMeta) -> int:
     """The assignment seed of a file built offline (run seed, worker address, step,
     counter); in the pool the orchestrator issues the seed with the assignment."""
     return assignment_seed(cfg.seed, meta.worker_address, meta.step, meta.submission)
-
-
-def expected_prompts(
-    cfg: RunConfig, seed: int, task: Task, tokenizer
-) -> tuple[list[checks.ExpectedPrompt], dict[str, Problem]]:
-    """Row by row, what the assignment seed gives; and the assigned problems by id."""
-    plan = assign_from_seed(
-        seed,
-        num_problems=task.num_train(),
-        prompts=cfg.worker.prompts_per_file,
-        group_size=cfg.sampling.group_size,
-        target_lengths=cfg.task.target_lengths,
-    )
-    expected: list[checks.ExpectedPrompt] = []
-    problems: dict[str, Problem] = {}
-    for index, target, seeds in zip(
-        plan.problem_indices, plan.target_lengths, plan.sample_seeds, strict=True
-    ):
-        problem = task.train_problem(index)
-        problems[problem.problem_id] = problem
-        ids = prompt_ids(tokenizer, task, problem, target)
-        expected.extend(
-            checks.ExpectedPrompt(problem.problem_id, ids, target, sample_seed)
-            for sample_seed in seeds
-        )
-    return expected, problems
 
 
 def rejected_or_accepted(results: list[checks.CheckResult], figures: dict) -> Verdict:
