@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast, get_args
+from typing import cast, get_args
 
 from sqlalchemy import bindparam, case, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -40,7 +40,9 @@ from swarmrl.ledger import (
 )
 from swarmrl.ledger.models import LIVE_STATES
 from swarmrl.orchestrator import accounts, speculation
+from swarmrl.orchestrator.auth import Caller, RateLimiter
 from swarmrl.orchestrator.config import OrchestratorConfig
+from swarmrl.orchestrator.errors import Refusal, Replayed
 from swarmrl.orchestrator.issuance import (
     assignment_seed,
     assignments_needed,
@@ -52,9 +54,6 @@ from swarmrl.protocol import models as api
 from swarmrl.protocol import recipe
 from swarmrl.protocol.urls import unroutable
 from swarmrl.rollouts import RolloutBounds, read_rollouts
-
-if TYPE_CHECKING:
-    from swarmrl.orchestrator.auth import Caller, RateLimiter
 
 log = logging.getLogger("swarmrl.orchestrator")
 
@@ -140,22 +139,6 @@ _BEAT = (
     .where(Heartbeat.address == bindparam("who"))
     .values(last_at=bindparam("now"), beats=Heartbeat.beats + 1, policy_step=bindparam("held"))
 )
-
-
-class Refusal(Exception):
-    """A request the pool refuses: HTTP status and a one-line reason."""
-
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.detail = detail
-
-
-class Replayed(Refusal):
-    """A signed request whose nonce its sender already used inside the window."""
-
-    def __init__(self) -> None:
-        super().__init__(401, "nonce already used by this address (replayed request)")
 
 
 @dataclass(frozen=True)
