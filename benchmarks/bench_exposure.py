@@ -65,8 +65,9 @@ from swarmrl.identity import Identity
 from swarmrl.ledger import Ledger, Member, Submission, check_ledger
 from swarmrl.orchestrator.auth import Caller
 from swarmrl.orchestrator.config import OrchestratorConfig
+from swarmrl.orchestrator.errors import Refusal
 from swarmrl.orchestrator.issuance import chosen_for_validation
-from swarmrl.orchestrator.pool import Pool, Refusal, UploadedFile
+from swarmrl.orchestrator.pool import Pool, UploadedFile
 from swarmrl.orchestrator.store import RolloutStore
 from swarmrl.protocol import models as api
 from swarmrl.rollouts import RolloutMeta, write_rollouts

@@ -25,7 +25,8 @@ from swarmrl.identity import Identity, body_digest, sign_request
 from swarmrl.ledger import Ledger
 from swarmrl.orchestrator import OrchestratorConfig
 from swarmrl.orchestrator.auth import RequestVerifier
-from swarmrl.orchestrator.pool import Pool, Refusal
+from swarmrl.orchestrator.errors import Refusal
+from swarmrl.orchestrator.pool import Pool
 from swarmrl.orchestrator.store import RolloutStore
 from swarmrl.protocol import PoolClient, PoolRefused
 from swarmrl.protocol import models as api

@@ -29,8 +29,9 @@ from swarmrl.identity import PROTOCOL, body_digest
 from swarmrl.ledger import Ledger
 from swarmrl.orchestrator.auth import Caller, RateLimiter, RequestVerifier, pool_id
 from swarmrl.orchestrator.config import OrchestratorConfig
+from swarmrl.orchestrator.errors import Refusal
 from swarmrl.orchestrator.gate import CALLER, SignedJsonGate, request_path
-from swarmrl.orchestrator.pool import Pool, Refusal, UploadedFile, read_allowlist
+from swarmrl.orchestrator.pool import Pool, UploadedFile, read_allowlist
 from swarmrl.orchestrator.store import RolloutStore
 from swarmrl.protocol import models as api
 

@@ -27,7 +27,7 @@ from swarmrl.identity import (
     parse_signed_headers,
     recover_signer,
 )
-from swarmrl.orchestrator.pool import Refusal
+from swarmrl.orchestrator.errors import Refusal
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from starlette.routing import BaseRoute, Match
 
 from swarmrl.identity import body_digest
 from swarmrl.orchestrator.auth import RequestVerifier
-from swarmrl.orchestrator.pool import Refusal
+from swarmrl.orchestrator.errors import Refusal
 
 CALLER = "swarmrl.caller"  # scope key: the `Caller` the gate proved
 

@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast, get_args
+from typing import cast, get_args
 
-from sqlalchemy import bindparam, case, delete, func, insert, select, update
+from sqlalchemy import bindparam, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -27,7 +27,6 @@ from swarmrl.ledger import (
     Account,
     Assignment,
     Checkpoint,
-    Contribution,
     Heartbeat,
     Ledger,
     Member,
@@ -35,12 +34,13 @@ from swarmrl.ledger import (
     Slashing,
     Step,
     Submission,
-    Taint,
     Verdict,
 )
 from swarmrl.ledger.models import LIVE_STATES
-from swarmrl.orchestrator import accounts, speculation
+from swarmrl.orchestrator import accounts, speculation, status
+from swarmrl.orchestrator.auth import Caller, RateLimiter
 from swarmrl.orchestrator.config import OrchestratorConfig
+from swarmrl.orchestrator.errors import Refusal, Replayed
 from swarmrl.orchestrator.issuance import (
     assignment_seed,
     assignments_needed,
@@ -52,9 +52,6 @@ from swarmrl.protocol import models as api
 from swarmrl.protocol import recipe
 from swarmrl.protocol.urls import unroutable
 from swarmrl.rollouts import RolloutBounds, read_rollouts
-
-if TYPE_CHECKING:
-    from swarmrl.orchestrator.auth import Caller, RateLimiter
 
 log = logging.getLogger("swarmrl.orchestrator")
 
@@ -140,22 +137,6 @@ _BEAT = (
     .where(Heartbeat.address == bindparam("who"))
     .values(last_at=bindparam("now"), beats=Heartbeat.beats + 1, policy_step=bindparam("held"))
 )
-
-
-class Refusal(Exception):
-    """A request the pool refuses: HTTP status and a one-line reason."""
-
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.detail = detail
-
-
-class Replayed(Refusal):
-    """A signed request whose nonce its sender already used inside the window."""
-
-    def __init__(self) -> None:
-        super().__init__(401, "nonce already used by this address (replayed request)")
 
 
 @dataclass(frozen=True)
@@ -1074,120 +1055,16 @@ class Pool:
     # -- status -------------------------------------------------------------------------
 
     def _step_status(self, s: Session, row: Step) -> api.StepStatus:
-        counts = dict(
-            s.execute(
-                select(Assignment.state, func.count())
-                .where(Assignment.step == row.step)
-                .group_by(Assignment.state)
-            ).all()
-        )
-        trained = s.scalar(
-            select(func.count()).where(
-                Submission.step == row.step, Submission.trained_step.is_not(None)
-            )
-        )
-        return api.StepStatus(
-            step=row.step,
-            target_samples=row.target_samples,
-            usable_samples=self._usable(s, row.step),
-            read_samples=row.trainer_read,
-            submissions=counts.get("returned", 0),
-            open_assignments=counts.get("issued", 0),
-            lapsed_assignments=counts.get("lapsed", 0),
-            trained=int(trained or 0),
-            full=row.full_at is not None,
-        )
+        return status.step_status(s, row, self._usable(s, row.step))
 
     def status(self) -> api.PoolStatus:
+        """Read without the lock: one session's consistent view (`status.py`)."""
         with self.ledger.session() as s:
-            view = self._pool_view(s)
-            money = accounts.money_by_address(s, self._rates())
-            none = accounts.Money()
-            members = [
-                api.Member(
-                    address=m.address,
-                    role=cast(api.Role, m.role),
-                    status="ejected" if m.ejected_at is not None else m.status,
-                    url=m.url,
-                    lapses=m.lapses,
-                    last_heartbeat=last_at,
-                    balance=money.get(m.address, none).balance,
-                    stake=money.get(m.address, none).stake,
-                    paid=money.get(m.address, none).paid,
-                    unpaid=money.get(m.address, none).unpaid,
-                )
-                for m, last_at in s.execute(
-                    select(Member, Heartbeat.last_at)
-                    .join(Heartbeat)
-                    .order_by(Member.role, Member.address)
-                )
-            ]
-            steps = [
-                self._step_status(s, row)
-                for row in s.scalars(select(Step).order_by(Step.step.desc()).limit(20))
-            ]
-            # A live file the trainer used is counted as trained, not as still pending or
-            # accepted; a caught worker's trained files keep their rejected or voided state.
-            shown = case(
-                (Submission.state.in_(LIVE) & Submission.trained_step.is_not(None), "trained"),
-                else_=Submission.state,
-            )
-            by_state: dict[str, int] = {
-                str(k): int(n) for k, n in s.execute(select(shown, func.count()).group_by(shown))
-            }
-            verdicts = {
-                (accepted, soft): n
-                for accepted, soft, n in s.execute(
-                    select(Verdict.accepted, Verdict.soft, func.count()).group_by(
-                        Verdict.accepted, Verdict.soft
-                    )
-                )
-            }
-            contributions = [
-                api.Contribution(worker=w, files=f, samples=int(n), tokens=int(t))
-                for w, f, n, t in s.execute(
-                    select(
-                        Contribution.worker,
-                        func.count(),
-                        func.sum(Contribution.samples),
-                        func.sum(Contribution.tokens),
-                    )
-                    .where(Contribution.forfeited_at.is_(None))
-                    .group_by(Contribution.worker)
-                    .order_by(Contribution.worker)
-                )
-            ]
-            tainted_steps: dict[str, set[int]] = {}
-            for cause, trained_step in s.execute(select(Taint.cause, Taint.trained_step)):
-                tainted_steps.setdefault(cause, set()).add(trained_step)
-            slashings = [
-                api.Slashing(
-                    address=x.address,
-                    at=x.at,
-                    step=x.step,
-                    file_hash=x.file_hash,
-                    reason=x.reason,
-                    slashed=accounts.from_units(x.amount),
-                    voided_files=x.voided_files,
-                    tainted_files=x.tainted_files,
-                    tainted_steps=sorted(tainted_steps.get(x.file_hash, ())),
-                )
-                for x in s.scalars(select(Slashing).order_by(Slashing.at, Slashing.file_hash))
-            ]
-            return api.PoolStatus(
-                step=view.step,
+            return status.pool_status(
+                s,
+                view=self._pool_view(s),
+                steps=[self._step_status(s, row) for row in status.newest_steps(s)],
                 recipe=self.recipe,
-                checkpoint=view.checkpoint,
-                finished=view.finished,
-                members=members,
-                steps=steps,
-                submissions={k: int(v) for k, v in by_state.items()},
-                verdicts={
-                    "accepted": int(verdicts.get((True, False), 0)),
-                    "rejected": int(verdicts.get((False, False), 0)),
-                    "soft": int(verdicts.get((False, True), 0)),
-                },
-                contributions=contributions,
-                slashings=slashings,
+                rates=self._rates(),
                 refusals=self.refusals.newest_first(),
             )
