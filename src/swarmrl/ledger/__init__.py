@@ -1,4 +1,4 @@
-"""The pool's ledger: SQL tables (SQLAlchemy 2), migrations (Alembic) and a consistency check."""
+"""The pool's ledger: SQL tables (SQLAlchemy 2), migrations (Alembic), a consistency check and the upload totals."""
 
 from swarmrl.ledger.consistency import check_ledger, snapshot
 from swarmrl.ledger.database import Ledger, LedgerError, migrate
@@ -18,6 +18,7 @@ from swarmrl.ledger.models import (
     Taint,
     Verdict,
 )
+from swarmrl.ledger.uploads import Uploads, upload_totals
 
 __all__ = [
     "Account",
@@ -35,8 +36,10 @@ __all__ = [
     "Step",
     "Submission",
     "Taint",
+    "Uploads",
     "Verdict",
     "check_ledger",
     "migrate",
     "snapshot",
+    "upload_totals",
 ]
