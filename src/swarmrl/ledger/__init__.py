@@ -1,4 +1,5 @@
-"""The pool's ledger: SQL tables (SQLAlchemy 2), migrations (Alembic) and a consistency check.
+"""The pool's ledger: SQL tables (SQLAlchemy 2), migrations (Alembic), a consistency check
+and the upload totals.
 
 Names are loaded on first use (PEP 562): `swarmrl`'s argument parser registers
 `pool check` (``cli``) for every subcommand and should not load SQLAlchemy to do it.
@@ -30,6 +31,8 @@ _WHERE = {
     "check_ledger": "consistency",
     "migrate": "database",
     "snapshot": "consistency",
+    "Uploads": "uploads",
+    "upload_totals": "uploads",
 }
 
 if TYPE_CHECKING:
@@ -51,6 +54,7 @@ if TYPE_CHECKING:
         Taint,
         Verdict,
     )
+    from swarmrl.ledger.uploads import Uploads, upload_totals
 
 
 def __getattr__(name: str) -> Any:
@@ -75,8 +79,10 @@ __all__ = [
     "Step",
     "Submission",
     "Taint",
+    "Uploads",
     "Verdict",
     "check_ledger",
     "migrate",
     "snapshot",
+    "upload_totals",
 ]

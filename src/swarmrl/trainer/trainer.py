@@ -58,6 +58,7 @@ from swarmrl.trainer.metrics import StepMetrics, read_metrics
 from swarmrl.trainer.offpolicy import OffPolicySettings
 from swarmrl.trainer.pool_source import PoolRolloutSource
 from swarmrl.trainer.state import load_trainer_state, save_trainer_state
+from swarmrl.trainer.status import TrainerStatus
 from swarmrl.trainer.update import UpdateSettings, deal_minibatches, rollout_update
 
 log = logging.getLogger("swarmrl.trainer")
@@ -224,19 +225,9 @@ class Trainer:
     def _write_status(self, step: int, usable: int, since: float) -> None:
         """Tell `swarmrl run` (its console) how many usable samples the step has and since
         when the trainer has been waiting (unix time); no other role reads it."""
-        status = self.folder.trainer_status
-        tmp = status.with_name(f".{status.name}.tmp")
-        tmp.write_text(
-            json.dumps(
-                {
-                    "step": step,
-                    "usable": usable,
-                    "needed": self.cfg.trainer.batch_samples,
-                    "since": since,
-                }
-            )
-        )
-        tmp.replace(status)
+        TrainerStatus(
+            step=step, usable=usable, needed=self.cfg.trainer.batch_samples, since=since
+        ).write(self.folder.trainer_status)
 
     def collect(self, step: int) -> tuple[list[Sample], StepCollector, float]:
         assert self.source is not None
