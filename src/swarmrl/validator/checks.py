@@ -2,8 +2,9 @@
 
 Each check returns a ``CheckResult``: its name, the samples that fail it (first failing
 detail per sample) and a few figures. The assignment and values checks, which the
-trainer runs too, are ``swarmrl.scoring``'s and re-exported here. Nothing here touches disk or runs the model; the
-verdict module (``verdict.py``) gathers the inputs and runs the checks in order:
+trainer runs too, live in ``swarmrl.scoring`` and are re-exported here. Nothing here
+touches disk or runs the model; the verdict module (``verdict.py``) gathers the inputs
+and runs the checks in order:
 
 duplicate -> consistency -> assignment -> values -> termination -> toploc -> logprobs -> sampling
 """
