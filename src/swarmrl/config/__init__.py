@@ -20,6 +20,7 @@ from swarmrl.config.loading import (
 )
 from swarmrl.config.run import RUN_IDENTITY, RunConfig, run_differences
 from swarmrl.config.sections import (
+    CONTEXT_TOKENS,
     ModelConfig,
     PoolConfig,
     SamplingConfig,
@@ -32,6 +33,7 @@ from swarmrl.config.sections import (
 )
 
 __all__ = [
+    "CONTEXT_TOKENS",
     "RUN_IDENTITY",
     "ConfigError",
     "ModelConfig",

@@ -83,6 +83,11 @@ class TaskConfig(_Section):
         return self
 
 
+# Prompt plus completion tokens assumed of the model (the run does not state its context):
+# a sample's prompt may hold this less sampling.max_new_tokens (rollouts.RolloutBounds).
+CONTEXT_TOKENS = 4096
+
+
 class SamplingConfig(_Section):
     temperature: float = Field(
         0.6, gt=0, description="sampling temperature; the trainer divides logits by the same value"
