@@ -80,6 +80,7 @@ def register(sub) -> None:
         "--config",
         type=Path,
         default=None,
+        metavar="FILE",
         help="TOML (or JSON) file of settings, e.g. <run>/orchestrator/config.toml as "
         "`swarmrl run` writes it or --write-config wrote it; the flags below override it",
     )
@@ -87,6 +88,7 @@ def register(sub) -> None:
         "--run-config",
         type=Path,
         default=None,
+        metavar="RUN.toml",
         help="the members' run config (TOML): derive the recipe, timings, validation rate, "
         "stake and file bounds from it, as `swarmrl run` does",
     )

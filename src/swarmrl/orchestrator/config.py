@@ -6,7 +6,9 @@ derived from the run's config once.
 file; a pool started by hand writes the same file from the members' run config
 (`swarmrl orchestrator --run-config RUN.toml --write-config FILE`). A setting that the
 run's config also holds (the recipe, the timings, the bounds on a file) takes its
-default from the run config's default, so a bare orchestrator and a default run agree.
+default from the run config's default, so a bare orchestrator and a default run agree;
+but for the run id and the last step, which it leaves unchecked, and the stake, which
+needs an owner to fund it (docs/deployment.md, "One set of defaults").
 """
 
 from __future__ import annotations
