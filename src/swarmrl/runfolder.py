@@ -10,7 +10,8 @@
   processes.json           `swarmrl run`'s processes: pid (= process group) and restarts
   checkpoints/step_<n>/    Hugging Face model directories (checkpoints.py writes them)
   checkpoints/trainer_state/step_<n>/     the trainer's resume state (sharded, trainer/state.py)
-  orchestrator/            ledger.db (SQLite ledger), rollouts/ (the store of uploaded
+  orchestrator/            config.toml (its settings, derived from the run's config),
+                           ledger.db (SQLite ledger), rollouts/ (the store of uploaded
                            files), secret, allowlist (the trusted roles' addresses)
   keys/<role>.key          the trainer's, validator's and relays' keys
   trainer/inbox/           uploaded files the trainer downloaded
@@ -106,6 +107,11 @@ class RunFolder:
     @property
     def orchestrator(self) -> Path:
         return self.root / "orchestrator"
+
+    @property
+    def orchestrator_config(self) -> Path:
+        """The orchestrator's settings, as `swarmrl run` derives them from the run's config."""
+        return self.orchestrator / "config.toml"
 
     @property
     def ledger(self) -> Path:

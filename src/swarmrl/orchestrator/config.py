@@ -1,8 +1,36 @@
-"""The orchestrator's settings: typed, each with its help text (the CLI flags follow them)."""
+"""The orchestrator's settings: typed, each with its help text (the CLI flags follow them),
+derived from the run's config once.
+
+`swarmrl run` derives them with `orchestrator_settings(cfg, ...)`, writes them to
+`<run>/orchestrator/config.toml` and starts the orchestrator with `--config` on that
+file; a pool started by hand writes the same file from the members' run config
+(`swarmrl orchestrator --run-config RUN.toml --write-config FILE`). A setting that the
+run's config also holds (the recipe, the timings, the bounds on a file) takes its
+default from the run config's default, so a bare orchestrator and a default run agree;
+but for the run id and the last step, which it leaves unchecked, and the stake, which
+needs an owner to fund it (docs/deployment.md, "One set of defaults").
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from swarmrl.config import CONTEXT_TOKENS, ConfigError, RunConfig, read_config_file
+
+
+def heartbeats(seconds: float, heartbeat_seconds: float) -> int:
+    """Whole heartbeat intervals in `seconds`, rounded up (at least one): a member is
+    declared unhealthy or dead no sooner than the run's config says."""
+    return max(1, math.ceil(seconds / heartbeat_seconds))
+
+
+_RUN = RunConfig()  # the run config's defaults, which the shared settings take as theirs
 
 
 class OrchestratorConfig(BaseModel):
@@ -40,11 +68,23 @@ class OrchestratorConfig(BaseModel):
         description="rollout steps of the run; no assignment is issued for step >= steps",
     )
     batch_samples: int = Field(
-        128, ge=1, description="usable (non-zero-advantage) samples a step needs"
+        _RUN.trainer.batch_samples,
+        ge=1,
+        description="usable (non-zero-advantage) samples a step needs (the run's trainer.batch_samples)",
     )
-    prompts_per_assignment: int = Field(8, ge=1, description="prompts in one assignment")
-    group_size: int = Field(8, ge=2, description="samples per prompt")
-    async_level: int = Field(2, ge=0, description="k: a step-n assignment needs a policy >= n-k")
+    prompts_per_assignment: int = Field(
+        _RUN.worker.prompts_per_file,
+        ge=1,
+        description="prompts in one assignment (the run's worker.prompts_per_file)",
+    )
+    group_size: int = Field(
+        _RUN.sampling.group_size,
+        ge=2,
+        description="samples per prompt (the run's sampling.group_size)",
+    )
+    async_level: int = Field(
+        _RUN.async_level, ge=0, description="k: a step-n assignment needs a policy >= n-k"
+    )
     max_ahead: int = Field(
         1,
         ge=0,
@@ -52,7 +92,7 @@ class OrchestratorConfig(BaseModel):
         "(within the async bound): lower staleness, at the cost of idle workers",
     )
     surplus: float = Field(
-        0.1,
+        _RUN.pool.surplus,
         ge=0,
         le=1,
         description="extra share of a step's need issued to cover lapses and rejects",
@@ -80,16 +120,24 @@ class OrchestratorConfig(BaseModel):
         "newest returned ones is re-issued to an idle worker (with speculate)",
     )
     assignment_seconds: float = Field(
-        600.0,
+        _RUN.pool.assignment_seconds,
         gt=0,
         description="deadline of an assignment; then it lapses (counted against the worker)",
     )
-    heartbeat_seconds: float = Field(10.0, gt=0, description="interval members heartbeat at")
+    heartbeat_seconds: float = Field(
+        _RUN.pool.heartbeat_seconds, gt=0, description="interval members heartbeat at"
+    )
     unhealthy_after: int = Field(
-        3, ge=1, description="missed heartbeats before a member is unhealthy"
+        heartbeats(_RUN.pool.dead_seconds / 2, _RUN.pool.heartbeat_seconds),
+        ge=1,
+        description="missed heartbeats before a member is unhealthy (from the run: half of "
+        "pool.dead_seconds)",
     )
     dead_after: int = Field(
-        6, ge=1, description="missed heartbeats before a member is dead (its assignments reissued)"
+        heartbeats(_RUN.pool.dead_seconds, _RUN.pool.heartbeat_seconds),
+        ge=1,
+        description="missed heartbeats before a member is dead, its assignments reissued (from "
+        "the run: pool.dead_seconds)",
     )
     timestamp_window: float = Field(
         60.0, gt=0, description="seconds a signed request's timestamp may differ from the clock"
@@ -100,20 +148,20 @@ class OrchestratorConfig(BaseModel):
         64 * 1024 * 1024, ge=1024, description="largest rollout file accepted"
     )
     max_new_tokens: int = Field(
-        4096,
+        _RUN.sampling.max_new_tokens,
         ge=1,
         le=1 << 20,
         description="completion tokens a sample may hold (the run's sampling.max_new_tokens): "
         "with the assignment's rows, bounds what an upload may decode to",
     )
     max_prompt_tokens: int = Field(
-        4096,
+        CONTEXT_TOKENS - _RUN.sampling.max_new_tokens,
         ge=1,
         le=1 << 20,
         description="prompt tokens a sample may hold (the model's context less max_new_tokens)",
     )
     validation_fraction: float = Field(
-        0.1,
+        _RUN.validator.fraction,
         ge=0,
         le=1,
         description="share of files handed to validators, chosen by HMAC(secret, file hash)",
@@ -149,8 +197,8 @@ class OrchestratorConfig(BaseModel):
         0.0,
         ge=0,
         le=1e9,
-        description="stake a worker locks from its balance to register (0: no stake, a closed "
-        "or free pool)",
+        description="stake a worker locks from its balance to register (the run's pool.stake; "
+        "0: no stake, a closed or free pool; above 0 it needs an owner to fund the workers)",
     )
     slash_fraction: float = Field(
         1.0,
@@ -178,3 +226,105 @@ class OrchestratorConfig(BaseModel):
         from eth_utils import to_checksum_address
 
         return None if owner is None else to_checksum_address(owner)
+
+    @model_validator(mode="after")
+    def _stake_needs_an_owner(self) -> OrchestratorConfig:
+        if self.min_stake > 0 and self.owner is None:
+            raise ValueError(
+                f"min_stake {self.min_stake:g} needs an owner to fund the workers' stake: give "
+                "the owner's address (--owner, the key of `swarmrl pool fund`), or 0 for a "
+                "closed pool (a run config's pool.stake)"
+            )
+        return self
+
+
+def run_settings(cfg: RunConfig) -> dict[str, Any]:
+    """The orchestrator's settings that the run's config holds: its recipe, timings,
+    validation rate, stake and the bounds on a file, under the orchestrator's names."""
+    pool = cfg.pool
+    return {
+        "run_id": cfg.run_name,
+        "steps": cfg.trainer.steps or None,  # the run's 0: no last step
+        "batch_samples": cfg.trainer.batch_samples,
+        "prompts_per_assignment": cfg.worker.prompts_per_file,
+        "group_size": cfg.sampling.group_size,
+        "async_level": cfg.async_level,
+        "surplus": pool.surplus,
+        "validation_fraction": cfg.validator.fraction,
+        "heartbeat_seconds": pool.heartbeat_seconds,
+        "unhealthy_after": heartbeats(pool.dead_seconds / 2, pool.heartbeat_seconds),
+        "dead_after": heartbeats(pool.dead_seconds, pool.heartbeat_seconds),
+        "assignment_seconds": pool.assignment_seconds,
+        "min_stake": pool.stake,
+        # The validator's bounds on a file: an upload is refused past them before decoding.
+        "max_new_tokens": cfg.sampling.max_new_tokens,
+        "max_prompt_tokens": max(1, CONTEXT_TOKENS - cfg.sampling.max_new_tokens),
+    }
+
+
+def orchestrator_settings(cfg: RunConfig, **deployment: Any) -> OrchestratorConfig:
+    """The orchestrator's settings for the run `cfg`. `deployment` gives what a run config
+    does not hold (ledger, store, secret_file, allowlist, owner, ...) and wins over what
+    is derived. Raises ValidationError when a setting is invalid."""
+    return OrchestratorConfig.model_validate(run_settings(cfg) | deployment)
+
+
+def load_orchestrator_config(
+    tree: dict[str, Any], flags: dict[str, Any], source: str
+) -> OrchestratorConfig:
+    """`tree` (read from `source`: a settings file, or derived from a run config) with
+    `flags` over it. Raises ConfigError with one line naming the field and where it came
+    from: `--flag-name` for a flag, `SOURCE: field` otherwise."""
+    try:
+        return OrchestratorConfig.model_validate(tree | flags)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = str(first["loc"][0]) if first["loc"] else ""
+        where = (
+            "--" + name.replace("_", "-")
+            if name in flags
+            else f"{source}: {name}"
+            if name
+            else source
+        )
+        got = f" (got {json.dumps(first['input'], default=str)})" if name else ""
+        what = first["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"invalid config: {where}: {what}{got}") from None
+
+
+def read_orchestrator_config(path: Path) -> dict[str, Any]:
+    """The settings in a TOML (or JSON) file, unvalidated (`load_orchestrator_config`)."""
+    tree = read_config_file(path, example="<run>/orchestrator/config.toml")
+    if not isinstance(tree, dict):
+        raise ConfigError(f"config file {path} is not a table of settings")
+    return tree
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else "inf" if value == math.inf else repr(value)
+    # JSON's string escapes are TOML's, but for DEL, which TOML wants escaped too.
+    return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def write_orchestrator_config(config: OrchestratorConfig, path: Path) -> None:
+    """Write every setting (unset ones left out) as TOML, each under its help text, to a
+    temporary name renamed into place: the file `--config` reads."""
+    lines = [
+        "# The orchestrator's settings; serve them with: swarmrl orchestrator --config "
+        f"{Path(path).name}",
+        "# (any flag given beside --config overrides the value here)",
+    ]
+    for name, field in OrchestratorConfig.model_fields.items():
+        value = getattr(config, name)
+        if value is not None:
+            lines += ["", f"# {field.description}", f"{name} = {_toml_value(value)}"]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, path)

@@ -29,13 +29,6 @@ def owner_key(path: Path) -> Identity:
     return generate_key_file(path)
 
 
-def staking_flags(owner: Identity, stake: float) -> list[str]:
-    """The orchestrator flags of a staked pool (none for a closed one: stake 0)."""
-    if stake <= 0:
-        return []
-    return ["--owner", owner.address, "--min-stake", str(stake)]
-
-
 def fund_workers(url: str, owner: Identity, workers: Iterable[Identity], stake: float) -> None:
     """Fund each worker with what it lacks to lock `stake` (nothing on a resumed run
     whose workers are staked already)."""

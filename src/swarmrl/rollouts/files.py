@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from swarmrl.config.sections import CONTEXT_TOKENS
 from swarmrl.rollouts.rows import FLOAT_COLUMNS, SCHEMA, TOKEN_COLUMNS
 from swarmrl.runfolder import step_of_folder
 
@@ -110,7 +111,7 @@ class RolloutBounds(BaseModel):
         return cls(
             max_samples=cfg.worker.prompts_per_file * cfg.sampling.group_size,
             max_new_tokens=new,
-            max_prompt_tokens=max(1, (context_tokens or 4096) - new),
+            max_prompt_tokens=max(1, (context_tokens or CONTEXT_TOKENS) - new),
             vocab_size=vocab_size,
         )
 

@@ -3,7 +3,6 @@ start order (the orchestrator first), as `swarmrl run` starts them under supervi
 
 from __future__ import annotations
 
-import math
 import shutil
 import socket
 import time
@@ -16,9 +15,9 @@ from swarmrl.checkpoints import latest_checkpoint
 from swarmrl.config import ConfigError, RunConfig, load_config, run_differences
 from swarmrl.identity import Identity, generate_key_file, load_identity
 from swarmrl.model.build import ensure_default_model
+from swarmrl.orchestrator.config import orchestrator_settings, write_orchestrator_config
 from swarmrl.protocol import models as api
-from swarmrl.protocol.funding import owner_key, staking_flags
-from swarmrl.rollouts import RolloutBounds
+from swarmrl.protocol.funding import owner_key
 from swarmrl.runfolder import RunFolder
 from swarmrl.supervisor import Role, SwarmError
 
@@ -151,52 +150,21 @@ def ledger_url(folder: RunFolder) -> str:
 
 
 def orchestrator_role(cfg: RunConfig, port: int) -> Role:
+    """The orchestrator's process: its settings derived from the run's config and written
+    to <run>/orchestrator/config.toml, which it reads; only the port is its own."""
     folder = cfg.folder
-    args = [
-        "orchestrator",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--ledger",
-        ledger_url(folder),
-        "--store",
-        str(folder.store.resolve()),
-        "--secret-file",
-        str(folder.secret.resolve()),
-        "--allowlist",
-        str(folder.allowlist.resolve()),
-        "--run-id",
-        cfg.run_name,
-        "--batch-samples",
-        str(cfg.trainer.batch_samples),
-        "--prompts-per-assignment",
-        str(cfg.worker.prompts_per_file),
-        "--group-size",
-        str(cfg.sampling.group_size),
-        "--async-level",
-        str(cfg.async_level),
-        "--surplus",
-        str(cfg.pool.surplus),
-        "--validation-fraction",
-        str(cfg.validator.fraction),
-        "--heartbeat-seconds",
-        str(cfg.pool.heartbeat_seconds),
-        "--unhealthy-after",
-        str(max(1, math.ceil(cfg.pool.dead_seconds / 2 / cfg.pool.heartbeat_seconds))),
-        "--dead-after",
-        str(max(1, math.ceil(cfg.pool.dead_seconds / cfg.pool.heartbeat_seconds))),
-        "--assignment-seconds",
-        str(cfg.pool.assignment_seconds),
-        # The validator's bounds on a file: an upload is refused past them before decoding.
-        "--max-new-tokens",
-        str(RolloutBounds.for_run(cfg).max_new_tokens),
-        "--max-prompt-tokens",
-        str(RolloutBounds.for_run(cfg).max_prompt_tokens),
-    ]
-    if cfg.trainer.steps > 0:
-        args += ["--steps", str(cfg.trainer.steps)]
-    args += staking_flags(owner_key(folder.key("owner")), cfg.pool.stake)
+    owner = owner_key(folder.key("owner")).address if cfg.pool.stake > 0 else None
+    settings = orchestrator_settings(
+        cfg,
+        ledger=ledger_url(folder),
+        store=str(folder.store.resolve()),
+        secret_file=str(folder.secret.resolve()),
+        allowlist=str(folder.allowlist.resolve()),
+        owner=owner,
+    )
+    write_orchestrator_config(settings, folder.orchestrator_config)
+    args = ["orchestrator", "--config", str(folder.orchestrator_config.resolve())]
+    args += ["--host", "127.0.0.1", "--port", str(port)]
     return Role("orchestrator", args, folder.log("orchestrator"), finishes=False)
 
 

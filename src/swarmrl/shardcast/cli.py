@@ -21,6 +21,7 @@ import sys
 import threading
 from pathlib import Path
 
+from swarmrl.config import ShardcastConfig
 from swarmrl.shardcast.client import MIN_RATE, FetchError, fetch
 from swarmrl.shardcast.relay import Relay
 from swarmrl.shardcast.store import VersionStore
@@ -175,7 +176,12 @@ def register(subparsers) -> None:
     )
     relay.add_argument("--host", default=None, help="address to bind (default loopback only)")
     relay.add_argument("--port", type=int, default=8001, help="TCP port (0 picks a free one)")
-    relay.add_argument("--poll-s", type=float, default=2.0, help="seconds between upstream checks")
+    relay.add_argument(
+        "--poll-s",
+        type=float,
+        default=ShardcastConfig().poll_seconds,  # the run's shardcast.poll_seconds
+        help="seconds between upstream checks (default: %(default)s, the run's shardcast.poll_seconds)",
+    )
     relay.add_argument(
         "--grace-s", type=float, default=300.0, help="seconds a delisted version stays on disk"
     )

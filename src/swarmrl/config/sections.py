@@ -1,30 +1,13 @@
-"""Typed run configuration: pydantic models, TOML loading and command-line overrides.
-
-Every field carries its help text; `swarmrl run --help` prints them all. A value can
-come from the defaults, a TOML file (`--config FILE`), or a flag named after its
-dotted path (`--trainer.lr 1e-3`), later sources winning.
-"""
+"""The run config's sections, one per role or mechanism: each field with its help text
+(`swarmrl run --help` prints them)."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import tomllib
-from pathlib import Path
-from types import UnionType
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from swarmrl.runfolder import RunFolder
 from swarmrl.toploc.thresholds import TOPLOC_PRESETS
 
 logger = logging.getLogger(__name__)
@@ -98,6 +81,11 @@ class TaskConfig(_Section):
         if any(t <= 0 for t in self.target_lengths):
             raise ValueError("task.target_lengths must be positive")
         return self
+
+
+# Prompt plus completion tokens assumed of the model (the run does not state its context):
+# a sample's prompt may hold this less sampling.max_new_tokens (rollouts.RolloutBounds).
+CONTEXT_TOKENS = 4096
 
 
 class SamplingConfig(_Section):
@@ -318,235 +306,3 @@ class SupervisionConfig(_Section):
         gt=0,
         description="on shutdown, seconds a process gets to exit after SIGTERM before it is killed",
     )
-
-
-class RunConfig(_Section):
-    run_name: str = Field(
-        "default",
-        description="name of the run; outputs go to <output_dir>/<run_name> (any valid folder name)",
-    )
-    output_dir: str = Field("outputs", description="parent folder of run folders")
-    async_level: int = Field(
-        2,
-        ge=0,
-        description="k: samples for step n must come from a policy >= n-k (0 = synchronous)",
-    )
-    seed: int = Field(0, description="seed for prompt assignment and sampling")
-    eval_before: bool = Field(
-        True, description="evaluate the starting checkpoint on the held-out split"
-    )
-    eval_after: bool = Field(
-        True, description="evaluate the final checkpoint on the held-out split"
-    )
-    model: ModelConfig = Field(default_factory=ModelConfig, description="starting model")
-    task: TaskConfig = Field(default_factory=TaskConfig, description="task and reward")
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="sampling")
-    worker: WorkerConfig = Field(default_factory=WorkerConfig, description="inference workers")
-    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="GRPO trainer")
-    shardcast: ShardcastConfig = Field(
-        default_factory=ShardcastConfig, description="checkpoint broadcast"
-    )
-    validator: ValidatorConfig = Field(
-        default_factory=ValidatorConfig, description="the validator process"
-    )
-    pool: PoolConfig = Field(
-        default_factory=PoolConfig, description="the orchestrator `swarmrl run` starts"
-    )
-    supervision: SupervisionConfig = Field(
-        default_factory=SupervisionConfig,
-        description="how `swarmrl run` restarts failed processes and stops them",
-    )
-
-    @field_validator("run_name")
-    @classmethod
-    def _folder_name(cls, name: str) -> str:
-        # One path component that the file system accepts: the run folder is output_dir/run_name.
-        if name in ("", ".", "..") or "/" in name or "\0" in name:
-            raise ValueError("must be a folder name (not empty, '.' or '..', no '/')")
-        if len(name.encode()) > 255:
-            raise ValueError("must be at most 255 bytes (a folder name)")
-        return name
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.output_dir) / self.run_name
-
-    @property
-    def folder(self) -> RunFolder:
-        """The run folder's named paths (runfolder.py)."""
-        return RunFolder(self.run_dir)
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message is one line naming the field."""
-
-
-def _flat_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Any]]:
-    out = []
-    for name, field in model.model_fields.items():
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            out.extend(_flat_fields(annotation, f"{prefix}{name}."))
-        else:
-            out.append((f"{prefix}{name}", field))
-    return out
-
-
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add `--config FILE` and one `--<dotted.field>` flag per field, with its help text."""
-    parser.add_argument("--config", type=Path, help="TOML file with any of the fields below")
-    for dotted, field in _flat_fields(RunConfig):
-        default = field.default if field.default_factory is None else field.default_factory()
-        parser.add_argument(
-            f"--{dotted}",
-            dest=f"cfg__{dotted}",
-            metavar="VALUE",
-            default=None,
-            help=f"{field.description} [default: {json.dumps(default)}]",
-        )
-    # Old names still accepted (the model maps them and warns), no longer advertised.
-    parser.add_argument(
-        "--task.length_penalty",
-        dest="cfg__task.length_penalty",
-        default=None,
-        help=argparse.SUPPRESS,
-    )
-
-
-def _is_text(annotation: Any) -> bool:
-    """A field typed `str` or `str | None`: its flag value is taken as written."""
-    return annotation is str or (
-        get_origin(annotation) in (Union, UnionType) and str in get_args(annotation)
-    )
-
-
-_TEXT_FIELDS = {dotted for dotted, field in _flat_fields(RunConfig) if _is_text(field.annotation)}
-
-
-def _parse_flag(dotted: str, value: str) -> Any:
-    # Flags arrive as text; JSON gives numbers, booleans, lists and null their types, and
-    # anything that is not JSON is taken as a plain string. A text field keeps the text as
-    # written, so `--run_name 2024` names a run "2024" rather than failing as a number.
-    if dotted in _TEXT_FIELDS:
-        return value
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError:
-        return value
-
-
-def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
-    *parents, leaf = dotted.split(".")
-    for part in parents:
-        tree = tree.setdefault(part, {})
-    tree[leaf] = value
-
-
-def _one_line(err: ValidationError) -> str:
-    first = err.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "config"
-    got = (
-        f" (got {json.dumps(first['input'], default=str)})"
-        if "input" in first and not isinstance(first["input"], dict)
-        else ""
-    )
-    return f"invalid config: {where}: {first['msg']}{got}"
-
-
-def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """Defaults < TOML file < overrides (dotted keys). Raises ConfigError with one line."""
-    tree: dict = {}
-    if path is not None:
-        try:
-            tree = (
-                tomllib.loads(Path(path).read_text())
-                if Path(path).suffix == ".toml"
-                else json.loads(Path(path).read_text())
-            )
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
-        except IsADirectoryError:
-            raise ConfigError(
-                f"--config {path} is a directory; give a TOML (or JSON) file, e.g. examples/arithmetic.toml"
-            ) from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"config file {path} cannot be read: {exc}") from None
-        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"config file {path} is not valid: {exc}") from None
-    for dotted, value in (overrides or {}).items():
-        _set_dotted(tree, dotted, value)
-    try:
-        return RunConfig.model_validate(tree)
-    except ValidationError as exc:
-        raise ConfigError(_one_line(exc)) from None
-
-
-def config_from_args(args: argparse.Namespace) -> RunConfig:
-    overrides = {
-        key.removeprefix("cfg__"): _parse_flag(key.removeprefix("cfg__"), value)
-        for key, value in vars(args).items()
-        if key.startswith("cfg__") and value is not None
-    }
-    return load_config(args.config, overrides)
-
-
-# What a run folder's checkpoints depend on: the start model, the task and the recipe.
-# Anything else (steps, threads, worker count, polling, evaluation, supervision) may
-# change between the runs that share a folder.
-RUN_IDENTITY = (
-    "model.path",
-    "task",
-    "sampling",
-    "async_level",
-    "seed",
-    "trainer.batch_samples",
-    "trainer.optimizer_steps",
-    "trainer.lr",
-    "trainer.warmup_steps",
-    "trainer.betas",
-    "trainer.weight_decay",
-    "trainer.grad_clip",
-    "trainer.epsilon",
-    "trainer.delta",
-    "trainer.entropy_coef",
-    "trainer.off_policy",
-    "trainer.tis_cap",
-    "trainer.icepop_band",
-    "trainer.seq_mask_band",
-    "trainer.lr_schedule",
-    "trainer.lr_final_ratio",
-    "trainer.seed",
-)
-
-
-def _leaves(tree: Any, prefix: str) -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out: dict[str, Any] = {}
-        for key, value in tree.items():
-            out.update(_leaves(value, f"{prefix}.{key}"))
-        return out
-    return {prefix: tree}
-
-
-def _identity(cfg: RunConfig) -> dict[str, Any]:
-    tree = cfg.model_dump(mode="json")
-    out: dict[str, Any] = {}
-    for dotted in RUN_IDENTITY:
-        value: Any = tree
-        for part in dotted.split("."):
-            value = value[part]
-        out.update(_leaves(value, dotted))
-    if out["model.path"] is not None:  # the same directory however it was spelled
-        out["model.path"] = str(Path(out["model.path"]).expanduser().resolve())
-    return out
-
-
-def run_differences(saved: RunConfig, new: RunConfig) -> list[str]:
-    """What differs between a run folder's config and a new one in what the run's
-    checkpoints depend on, as `field: old -> new` (empty: the new run may resume it)."""
-    old, now = _identity(saved), _identity(new)
-    return [
-        f"{key}: {json.dumps(old[key])} -> {json.dumps(now[key])}"
-        for key in now
-        if old.get(key) != now[key]
-    ]
