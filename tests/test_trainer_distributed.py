@@ -284,7 +284,7 @@ class _Feeder(threading.Thread):
 
     def _file(self, a) -> Path:
         from swarmrl.assignment import assign_from_seed
-        from swarmrl.inference.rollout import prompt_ids
+        from swarmrl.generation.rollout import prompt_ids
         from swarmrl.rewards import group_advantages, has_signal, score_sample
 
         plan = assign_from_seed(

@@ -15,7 +15,7 @@ import numpy as np
 from swarmrl.assignment import stable_hash
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import RunConfig
-from swarmrl.inference.sampler import SamplingParams, sample
+from swarmrl.generation.sampler import SamplingParams, sample
 from swarmrl.scoring import completion_text, prompt_ids
 from swarmrl.tasks.base import Task
 
