@@ -29,7 +29,13 @@ ROLE_LIBRARIES = {
     ),
 }
 # The modules above the roles: they start the roles' processes and show what they report.
-LAUNCHERS = ("swarmrl.__main__", "swarmrl.cli", "swarmrl.run", "swarmrl.display")
+LAUNCHERS = (
+    "swarmrl.__main__",
+    "swarmrl.cli",
+    "swarmrl.commands",
+    "swarmrl.run",
+    "swarmrl.display",
+)
 
 
 def module_files(src: Path, top: str) -> dict[str, Path]:
