@@ -16,7 +16,8 @@ def _eval(args: argparse.Namespace) -> int:
     from swarmrl.tasks.registry import build_task
 
     cfg = config_from_args(args)
-    print(json.dumps(evaluate(Path(args.model), build_task(cfg.task), cfg), indent=2))
+    result = evaluate(Path(args.model), build_task(cfg.task), cfg)
+    print(json.dumps(result.model_dump(), indent=2))
     return 0
 
 
