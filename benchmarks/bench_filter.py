@@ -27,8 +27,8 @@ import torch
 from swarmrl.assignment import assign_from_seed, stable_hash
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import RunConfig
-from swarmrl.inference.rollout import generate_rollouts
-from swarmrl.inference.sampler import SamplingParams
+from swarmrl.generation.rollout import generate_rollouts
+from swarmrl.generation.sampler import SamplingParams
 from swarmrl.model.build import ensure_default_model
 from swarmrl.rewards import has_signal
 from swarmrl.tasks.base import Task

@@ -129,8 +129,8 @@ def prepare(root: Path, model: Path | None, tokens: int) -> tuple[Path, Path, Pa
     from swarmrl.assignment import assign
     from swarmrl.checkpoints import load_policy
     from swarmrl.config import load_config
-    from swarmrl.inference.rollout import generate_rollouts
-    from swarmrl.inference.sampler import SamplingParams
+    from swarmrl.generation.rollout import generate_rollouts
+    from swarmrl.generation.sampler import SamplingParams
     from swarmrl.model.build import WarmStartRecipe, ensure_default_model
     from swarmrl.rewards import has_signal
     from swarmrl.rollouts import RolloutMeta, write_rollouts

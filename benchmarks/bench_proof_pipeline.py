@@ -37,9 +37,9 @@ import torch
 from swarmrl.assignment import assign
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import load_config
+from swarmrl.generation.rollout import generate_rollouts
+from swarmrl.generation.sampler import SamplingParams
 from swarmrl.inference.finisher import FileFinisher
-from swarmrl.inference.rollout import generate_rollouts
-from swarmrl.inference.sampler import SamplingParams
 from swarmrl.model.build import WarmStartRecipe, ensure_default_model
 from swarmrl.rollouts import RolloutMeta, write_rollouts
 from swarmrl.tasks.registry import build_task

@@ -50,14 +50,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import swarmrl.inference.sampler as sampler_module
+import swarmrl.generation.sampler as sampler_module
 import swarmrl.validator.prefill as prefill_module
 import swarmrl.validator.verdict as verdict_module
 from swarmrl.assignment import Assignment, assign
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import load_config
-from swarmrl.inference.rollout import generate_rollouts
-from swarmrl.inference.sampler import SamplingParams
+from swarmrl.generation.rollout import generate_rollouts
+from swarmrl.generation.sampler import SamplingParams
 from swarmrl.model.build import ensure_default_model
 from swarmrl.model.tokenizer import build_char_tokenizer
 from swarmrl.rollouts import RolloutMeta, SeenFiles, write_rollouts

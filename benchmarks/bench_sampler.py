@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from swarmrl.checkpoints import load_policy
-from swarmrl.inference.sampler import SamplingParams, sample
+from swarmrl.generation.sampler import SamplingParams, sample
 from swarmrl.model.build import ensure_default_model
 from swarmrl.tasks.arithmetic import ArithmeticTask
 

@@ -42,8 +42,8 @@ import torch
 from swarmrl.assignment import assign
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import load_config
-from swarmrl.inference.rollout import generate_rollouts, proof_column
-from swarmrl.inference.sampler import SamplingParams
+from swarmrl.generation.rollout import generate_rollouts, proof_column
+from swarmrl.generation.sampler import SamplingParams
 from swarmrl.model.build import WarmStartRecipe, ensure_default_model
 from swarmrl.rollouts import RolloutMeta, SeenFiles, read_rollouts, write_rollouts
 from swarmrl.tasks.registry import build_task

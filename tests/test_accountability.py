@@ -12,11 +12,11 @@ from sqlalchemy import select
 
 from pool_fixtures import BACKENDS, make_pool, rollout_file, signed_raw
 from swarmrl.cli import main
+from swarmrl.commands.status import render
 from swarmrl.identity import Identity
 from swarmrl.ledger import JournalEntry, Ledger
 from swarmrl.protocol import PoolClient, PoolRefused
 from swarmrl.protocol import models as api
-from swarmrl.protocol.status import render
 
 BLAKE = "ab" * 32
 # Near zero, not zero: nothing is chosen at the base rate, but the higher rates apply

@@ -17,10 +17,10 @@ from sqlalchemy import select
 from pool_fixtures import make_pool
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import load_config
+from swarmrl.generation.rollout import attach_proofs
 from swarmrl.identity import Identity, load_identity
 from swarmrl.inference.adversary import BestOfN, Copy, behaviour
 from swarmrl.inference.kinds import KINDS, parse_kinds
-from swarmrl.inference.rollout import attach_proofs
 from swarmrl.inference.worker import generate_assignment
 from swarmrl.ledger import Ledger, check_ledger
 from swarmrl.ledger.models import Contribution, Submission

@@ -34,8 +34,8 @@ from hypothesis import strategies as st
 from swarmrl.assignment import assign, assign_from_seed
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import RunConfig, load_config
-from swarmrl.inference.rollout import completion_text, generate_rollouts, proof_column
-from swarmrl.inference.sampler import SamplingParams, draw
+from swarmrl.generation.rollout import completion_text, generate_rollouts, proof_column
+from swarmrl.generation.sampler import SamplingParams, draw
 from swarmrl.model.build import WarmStartRecipe, ensure_default_model
 from swarmrl.rewards import group_advantages, has_signal, score_sample
 from swarmrl.rollouts import (
@@ -645,7 +645,7 @@ class Swap:
 
 def sampler_distributions(run: Run, prompt: list[int], completion: list[int]):
     """Per completion token: every token's probability and CDF interval in the sampler's order
-    (``inference.sampler.draw`` without top-p), as the attacker computes them."""
+    (``generation.sampler.draw`` without top-p), as the attacker computes them."""
     assert run.params.top_p == 1.0, "the forgery below assumes no nucleus truncation"
     with torch.inference_mode():
         logits = run.model(torch.tensor([prompt + completion[:-1]])).logits[0, len(prompt) - 1 :]

@@ -18,8 +18,8 @@ from sqlalchemy import select
 from swarmrl.assignment import assign_from_seed
 from swarmrl.checkpoints import list_checkpoints, load_policy
 from swarmrl.config import load_config
+from swarmrl.generation.rollout import completion_text
 from swarmrl.identity import load_identity
-from swarmrl.inference.rollout import completion_text
 from swarmrl.ledger import Ledger, check_ledger
 from swarmrl.ledger.models import Assignment, Submission
 from swarmrl.protocol.funding import fund_workers, owner_key

@@ -14,12 +14,12 @@ from rich.console import Console
 from sqlalchemy import func, select
 
 from pool_fixtures import BACKENDS, make_pool, pool_id, rollout_file, signed_raw
+from swarmrl.commands.status import render
 from swarmrl.identity import Identity, body_digest, sign_request
 from swarmrl.ledger import Ledger, Nonce
 from swarmrl.orchestrator import OrchestratorThread
 from swarmrl.orchestrator.issuance import assignment_seed
 from swarmrl.protocol import PoolClient, PoolRefused, PoolUnreachable
-from swarmrl.protocol.status import render
 
 BLAKE = "ab" * 32
 JSON = {"Content-Type": "application/json"}

@@ -21,10 +21,10 @@ import pytest
 from rich.console import Console
 
 from pool_fixtures import make_pool, orchestrator_process, rollout_file
+from swarmrl.commands.status import render
 from swarmrl.identity import Identity, generate_key_file
 from swarmrl.protocol import PoolRefused
 from swarmrl.protocol import models as api
-from swarmrl.protocol.status import render
 from swarmrl.shardcast.relay import Relay
 
 SWARMRL = [sys.executable, "-m", "swarmrl"]
@@ -231,7 +231,7 @@ def test_the_orchestrator_starts_in_an_empty_folder_without_torch(tmp_path):
 def test_the_pool_services_and_the_parser_load_no_model_library():
     code = (
         "import sys; from swarmrl.cli import build_parser; build_parser(); "
-        "import swarmrl.orchestrator.app, swarmrl.shardcast.cli, swarmrl.protocol.status; "
+        "import swarmrl.orchestrator.app, swarmrl.shardcast.cli, swarmrl.commands.status; "
         "print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     )
     loaded = subprocess.run(

@@ -15,9 +15,9 @@ import torch
 from swarmrl.assignment import assign_from_seed
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import RunConfig, load_config
+from swarmrl.generation.rollout import generate_rollouts
+from swarmrl.generation.sampler import SamplingParams
 from swarmrl.identity import Identity
-from swarmrl.inference.rollout import generate_rollouts
-from swarmrl.inference.sampler import SamplingParams
 from swarmrl.ledger import Ledger, Submission, check_ledger
 from swarmrl.model.build import WarmStartRecipe, ensure_default_model
 from swarmrl.orchestrator import OrchestratorConfig, OrchestratorThread

@@ -6,7 +6,7 @@ import torch
 
 from helpers import random_model
 from swarmrl.checkpoints import load_policy
-from swarmrl.inference.sampler import SamplingParams, draw, sample, uniforms
+from swarmrl.generation.sampler import SamplingParams, draw, sample, uniforms
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17, 18, 19], [20]]
 
@@ -108,7 +108,7 @@ def test_any_causal_lm_runs_on_the_generic_path(tmp_path):
     hidden rows and logprobs match one prefill of prompt + completion."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from swarmrl.inference.sampler import supports_fast_path
+    from swarmrl.generation.sampler import supports_fast_path
     from swarmrl.model.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()
@@ -148,7 +148,7 @@ def test_any_causal_lm_runs_on_the_generic_path(tmp_path):
 def test_teacher_forced_states_match_the_models_own_forward(kind):
     """The validator's prefill (each distinct prompt once, completions batched by length)
     gives, per completion token, the final-norm state of one full forward."""
-    from swarmrl.inference.fast_llama import continuation_states, fast_decoder
+    from swarmrl.generation.fast_llama import continuation_states, fast_decoder
 
     model, _ = random_model(kind)
     prompts = [PROMPTS[0]] * 3 + [PROMPTS[1]] * 2 + [PROMPTS[3]]

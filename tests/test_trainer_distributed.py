@@ -145,9 +145,9 @@ def _weights_rel_diff(a: dict, b: dict) -> float:
 def _agrees(run: dict, ref: dict) -> bool:
     stats, ref_stats = run["stats"], ref["stats"]
     return (
-        _close(stats["loss"], ref_stats["loss"])
-        and _close(stats["grad_norm"], ref_stats["grad_norm"])
-        and _close(stats["grad_norm_max"], ref_stats["grad_norm_max"])
+        _close(stats.loss, ref_stats.loss)
+        and _close(stats.grad_norm, ref_stats.grad_norm)
+        and _close(stats.grad_norm_max, ref_stats.grad_norm_max)
         and _weights_rel_diff(run["weights"], ref["weights"]) <= 1e-5
     )
 
@@ -204,7 +204,7 @@ def test_one_rank_four_micro_batches_matches_one_pass(model_dir, reference):
     assert len(micro_batches(MINIBATCHES[0], Ranks(), 2)) == 4
     stats, weights, _ = _update(model_dir, Ranks(), 2)
     assert _agrees({"stats": stats, "weights": weights}, reference)
-    assert stats["trained_tokens"] == reference["stats"]["trained_tokens"]
+    assert stats.trained_tokens == reference["stats"].trained_tokens
 
 
 @pytest.mark.slow
@@ -212,16 +212,16 @@ def test_two_ranks_match_one_process(two_ranks, reference):
     for name in ("2x1", "2x2"):
         run = torch.load(two_ranks / name, weights_only=False)
         assert _agrees(run, reference), (name, run["stats"], reference["stats"])
-        assert run["stats"]["trained_tokens"] == reference["stats"]["trained_tokens"]
-        assert _close(run["stats"]["entropy"], reference["stats"]["entropy"])
+        assert run["stats"].trained_tokens == reference["stats"].trained_tokens
+        assert _close(run["stats"].entropy, reference["stats"].entropy)
 
 
 @pytest.mark.slow
 def test_bf16_compute_keeps_fp32_master_weights_close_to_fp32(two_ranks, reference, model_dir):
     run = torch.load(two_ranks / "bf16", weights_only=False)
     assert all(w.dtype == torch.float32 for w in run["weights"].values())
-    assert _close(run["stats"]["loss"], reference["stats"]["loss"], rel=0.05)
-    assert _close(run["stats"]["grad_norm"], reference["stats"]["grad_norm"], rel=0.05)
+    assert _close(run["stats"].loss, reference["stats"].loss, rel=0.05)
+    assert _close(run["stats"].grad_norm, reference["stats"].grad_norm, rel=0.05)
     # The fp32 master weights took about the fp32 update (bf16 rounding flips a few
     # small gradients' signs, which Adam turns into full steps).
     start = load_policy(model_dir)[0].state_dict()
@@ -284,7 +284,7 @@ class _Feeder(threading.Thread):
 
     def _file(self, a) -> Path:
         from swarmrl.assignment import assign_from_seed
-        from swarmrl.inference.rollout import prompt_ids
+        from swarmrl.generation.rollout import prompt_ids
         from swarmrl.rewards import group_advantages, has_signal, score_sample
 
         plan = assign_from_seed(

@@ -17,9 +17,9 @@ from pool_fixtures import orchestrator_process
 from swarmrl.assignment import assign_from_seed
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import load_config
+from swarmrl.generation.rollout import generate_rollouts
+from swarmrl.generation.sampler import SamplingParams
 from swarmrl.identity import Identity, generate_key_file
-from swarmrl.inference.rollout import generate_rollouts
-from swarmrl.inference.sampler import SamplingParams
 from swarmrl.protocol import PoolClient
 from swarmrl.rollouts import RolloutMeta, write_rollouts
 from swarmrl.tasks.registry import build_task

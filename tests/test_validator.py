@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from helpers import random_model
-from swarmrl.inference.fast_llama import length_batches
+from swarmrl.generation.fast_llama import length_batches
 from swarmrl.rewards import group_advantages
 from swarmrl.rollouts import Rollouts
 from swarmrl.runfolder import RunFolder

@@ -29,8 +29,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from swarmrl.assignment import Assignment, assign
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import load_config
-from swarmrl.inference.rollout import completion_text, generate_rollouts
-from swarmrl.inference.sampler import SamplingParams, sample
+from swarmrl.generation.rollout import completion_text, generate_rollouts
+from swarmrl.generation.sampler import SamplingParams, sample
 from swarmrl.model.build import WarmStartRecipe, ensure_default_model
 from swarmrl.rewards import group_advantages, has_signal, score_sample
 from swarmrl.rollouts import RolloutMeta, read_rollouts, write_rollouts

@@ -9,9 +9,9 @@ import pytest
 
 from helpers import random_model
 from swarmrl.assignment import assign_from_seed
+from swarmrl.generation.rollout import attach_proofs, generate_rollouts
+from swarmrl.generation.sampler import SamplingParams
 from swarmrl.inference.finisher import FileFinisher
-from swarmrl.inference.rollout import attach_proofs, generate_rollouts
-from swarmrl.inference.sampler import SamplingParams
 from swarmrl.rollouts import RolloutMeta, read_rollouts
 from swarmrl.tasks.arithmetic import ArithmeticTask
 from swarmrl.toploc import build_proofs, bytes_to_proofs, proofs_to_bytes

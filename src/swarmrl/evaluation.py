@@ -11,13 +11,27 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from swarmrl.assignment import stable_hash
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import RunConfig
-from swarmrl.inference.sampler import SamplingParams, sample
+from swarmrl.generation.sampler import SamplingParams, sample
 from swarmrl.scoring import completion_text, prompt_ids
 from swarmrl.tasks.base import Task
+
+
+class Evaluation(BaseModel):
+    """A checkpoint's held-out figures: what `swarmrl eval` prints and `summary.json` keeps."""
+
+    model_config = ConfigDict(frozen=True)
+
+    accuracy: float = Field(description="pass@1: share of held-out problems solved")
+    length_error: float | None = Field(
+        description="mean |target - length| in tokens (None when the task has no targets)"
+    )
+    mean_length: float = Field(description="mean completion length in tokens")
+    problems: int = Field(description="held-out problems evaluated")
 
 
 def evaluate(
@@ -26,7 +40,7 @@ def evaluate(
     cfg: RunConfig,
     batch_size: int = 256,
     progress: Callable[[int, int], None] | None = None,
-) -> dict:
+) -> Evaluation:
     """pass@1 and length error; `progress(done, total)` is called after each batch."""
     model, tok = load_policy(model_dir)
     problems = task.eval_problems()
@@ -54,9 +68,9 @@ def evaluate(
                 errors.append(abs(target - len(gen.tokens)))
         if progress is not None:
             progress(len(correct), len(problems))
-    return {
-        "accuracy": float(np.mean(correct)),
-        "length_error": float(np.mean(errors)) if errors else None,
-        "mean_length": float(np.mean(lengths)),
-        "problems": len(problems),
-    }
+    return Evaluation(
+        accuracy=float(np.mean(correct)),
+        length_error=float(np.mean(errors)) if errors else None,
+        mean_length=float(np.mean(lengths)),
+        problems=len(problems),
+    )

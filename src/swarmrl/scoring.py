@@ -5,7 +5,7 @@ rewards, group advantages) that follow from verified task rewards.
 Pure functions over the rows, one floor below both roles: the validator runs them as
 two of its checks (``validator.checks``), the trainer to refuse a file that is not its
 assignment and to train on its own numbers (``trainer.rescoring``). The worker
-(``inference.rollout``) renders prompts and decodes completions with the same two
+(``generation.rollout``) renders prompts and decodes completions with the same two
 functions, so all three roles see the same tokens and text.
 """
 

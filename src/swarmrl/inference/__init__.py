@@ -1,1 +1,1 @@
-"""Inference: the batched sampling loop and the worker process that writes rollout files."""
+"""Inference: the worker process that turns assignments into rollout files, and the cheats it can play."""

@@ -36,9 +36,9 @@ import numpy as np
 import torch
 
 from swarmrl.assignment import Assignment
+from swarmrl.generation.rollout import RolloutBatch
+from swarmrl.generation.sampler import SamplingParams
 from swarmrl.inference.kinds import KINDS
-from swarmrl.inference.rollout import RolloutBatch
-from swarmrl.inference.sampler import SamplingParams
 from swarmrl.rewards import group_advantages, has_signal
 from swarmrl.rollouts import RolloutFileError, RolloutMeta, read_rollouts, write_rollouts
 

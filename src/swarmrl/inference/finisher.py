@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from swarmrl.inference.rollout import RolloutBatch, attach_proofs, proof_column
+from swarmrl.generation.rollout import RolloutBatch, attach_proofs, proof_column
 from swarmrl.rollouts import RolloutMeta, write_rollouts
 
 log = logging.getLogger("swarmrl.worker")

@@ -48,17 +48,16 @@ from swarmrl.assignment import assign_from_seed
 from swarmrl.backoff import backoff_delay
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import RunConfig
+from swarmrl.generation.rollout import RolloutBatch, generate_rollouts
+from swarmrl.generation.sampler import SamplingParams
 from swarmrl.identity import Identity
 from swarmrl.inference.adversary import Behaviour
 from swarmrl.inference.finisher import FileFinisher
-from swarmrl.inference.rollout import RolloutBatch, generate_rollouts
-from swarmrl.inference.sampler import SamplingParams
 from swarmrl.protocol import PoolClient, PoolRefused, recipe
 from swarmrl.protocol import models as api
 from swarmrl.protocol.membership import Membership, ejected, retryable
 from swarmrl.rollouts import RolloutMeta
-from swarmrl.shardcast.client import FetchError, VersionUnavailableError, fetch
-from swarmrl.shardcast.discovery import resolve_version
+from swarmrl.shardcast.client import FetchError, VersionUnavailableError, fetch, resolve_version
 from swarmrl.tasks.base import Task
 from swarmrl.tasks.registry import build_task
 

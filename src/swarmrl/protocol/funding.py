@@ -1,12 +1,13 @@
-"""`swarmrl pool fund`: the pool owner adds to an address's balance, signed with its key.
+"""The pool owner's side of funding: its key, and each worker funded to its stake.
 
 A worker of a staked pool registers by locking `min_stake` from its balance, so the
 owner funds each worker's address first (before or after the worker has a key running).
+`swarmrl run` does it for its own workers; `swarmrl pool fund` (`commands/pool.py`) is
+the same request by hand.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,8 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from swarmrl.identity import Identity
 
-# eth-account and httpx are imported where they are used, not here: `swarmrl`'s argument
-# parser registers `pool` for every subcommand and must not load them to do it.
+# eth-account and httpx are imported where they are used, not here.
 
 
 def owner_key(path: Path) -> Identity:
@@ -42,46 +42,3 @@ def fund_workers(url: str, owner: Identity, workers: Iterable[Identity], stake: 
             missing = stake - held.get(worker.address, 0.0)
             if missing > 0:
                 client.fund(worker.address, missing)
-
-
-def _fund(args) -> int:
-    from swarmrl.identity import KeyFileError, load_identity
-    from swarmrl.protocol.client import PoolClient, PoolRefused, PoolUnreachable
-
-    try:
-        owner = load_identity(args.key)
-    except KeyFileError as exc:
-        print(f"swarmrl pool fund: {exc}", file=sys.stderr)
-        return 1
-    try:
-        with PoolClient(args.orchestrator, owner, retry_seconds=args.timeout) as client:
-            account = client.fund(args.address, args.amount)
-    except (PoolRefused, PoolUnreachable, ValueError) as exc:
-        print(f"swarmrl pool fund: {exc}", file=sys.stderr)
-        return 1
-    print(f"{account.address}: balance {account.balance:g}, stake {account.stake:g}")
-    return 0
-
-
-def register(sub) -> None:
-    from swarmrl.ledger.cli import register as register_check
-
-    p = sub.add_parser("pool", help="the pool's commands: fund an address, check the ledger")
-    commands = p.add_subparsers(dest="pool_command", required=True)
-    register_check(commands)
-    f = commands.add_parser(
-        "fund",
-        help="add AMOUNT to ADDRESS's balance (signed with the owner's key)",
-        description="Only the orchestrator's configured owner (--owner) may fund. A worker of a "
-        "staked pool (--min-stake > 0) locks its stake from this balance when it registers.",
-    )
-    f.add_argument("address", help="the address to fund (0x…, e.g. printed by `swarmrl keygen`)")
-    f.add_argument("amount", type=float, help="amount added to its balance (> 0)")
-    f.add_argument(
-        "--orchestrator", required=True, help="orchestrator URL, e.g. http://127.0.0.1:8700"
-    )
-    f.add_argument("--key", type=Path, required=True, help="the pool owner's key file")
-    f.add_argument(
-        "--timeout", type=float, default=30.0, help="seconds to keep trying an unreachable pool"
-    )
-    f.set_defaults(func=_fund)

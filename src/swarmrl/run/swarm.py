@@ -159,7 +159,7 @@ def _run(
         ) as advance:
             before = evaluate(start_model, task, cfg, EVAL_BATCH, advance)
         console.print(
-            f"before RL: accuracy {before['accuracy']:.3f}, length error {before['length_error']}"
+            f"before RL: accuracy {before.accuracy:.3f}, length error {before.length_error}"
         )
 
     if (latest_checkpoint(folder.checkpoints) or 0) < cfg.trainer.steps:
@@ -233,17 +233,18 @@ def _run(
     wait = sum(r.wait_seconds for r in records)
     busy = sum(r.step_seconds for r in records)
     restarts = {name: sup.restarts.get(name, 0) for name in sup.roles}
+    evaluated = after or before
     summary = RunSummary(
         run=cfg.run_name,
         run_dir=str(folder.root),
         start_model=str(start_model),
         async_level=cfg.async_level,
         workers=cfg.worker.count,
-        accuracy_before=before["accuracy"] if before else None,
-        accuracy_after=after["accuracy"] if after else None,
-        length_error_before=before["length_error"] if before else None,
-        length_error_after=after["length_error"] if after else None,
-        eval_problems=(after or before or {}).get("problems"),
+        accuracy_before=before.accuracy if before is not None else None,
+        accuracy_after=after.accuracy if after is not None else None,
+        length_error_before=before.length_error if before is not None else None,
+        length_error_after=after.length_error if after is not None else None,
+        eval_problems=evaluated.problems if evaluated is not None else None,
         steps=len(records),
         final_step=final_step,
         samples_trained=sum(r.samples for r in records),

@@ -49,6 +49,7 @@ __all__ = [
     "VersionUnavailableError",
     "fetch",
     "latest_version",
+    "resolve_version",
 ]
 
 

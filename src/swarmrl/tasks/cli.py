@@ -69,7 +69,7 @@ def _filter(args: argparse.Namespace) -> int:
     import torch
 
     from swarmrl.checkpoints import load_policy
-    from swarmrl.inference.sampler import SamplingParams
+    from swarmrl.generation.sampler import SamplingParams
 
     # The filter samples as a worker does; on a shared CPU a second torch thread mostly
     # spins against the other processes (measured 10x slower under load).

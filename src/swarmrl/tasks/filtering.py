@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from swarmrl.assignment import Assignment, stable_hash
-from swarmrl.inference.rollout import generate_rollouts
-from swarmrl.inference.sampler import SamplingParams
+from swarmrl.generation.rollout import generate_rollouts
+from swarmrl.generation.sampler import SamplingParams
 from swarmrl.tasks.base import Problem, Task
 
 # Sequences per call of the sampler: enough to batch the model's products well on a CPU.

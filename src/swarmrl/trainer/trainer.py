@@ -33,6 +33,7 @@ import math
 import random
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -59,7 +60,12 @@ from swarmrl.trainer.offpolicy import OffPolicySettings
 from swarmrl.trainer.pool_source import PoolRolloutSource
 from swarmrl.trainer.state import load_trainer_state, save_trainer_state
 from swarmrl.trainer.status import TrainerStatus
-from swarmrl.trainer.update import UpdateSettings, deal_minibatches, rollout_update
+from swarmrl.trainer.update import (
+    UpdateSettings,
+    UpdateStats,
+    deal_minibatches,
+    rollout_update,
+)
 
 log = logging.getLogger("swarmrl.trainer")
 
@@ -263,7 +269,7 @@ class Trainer:
                 last_report = time.perf_counter()
             time.sleep(POLL_SECONDS)
 
-    def train_step(self, samples: list[Sample]) -> dict:
+    def train_step(self, samples: list[Sample]) -> UpdateStats:
         """One rollout step's optimizer steps; every rank calls it with the same samples."""
         cfg, tc = self.cfg, self.cfg.trainer
         minibatches = deal_minibatches(len(samples), tc.optimizer_steps)
@@ -283,7 +289,7 @@ class Trainer:
                 seq_band=tc.seq_mask_band,
             ),
         )
-        stats = rollout_update(
+        update = rollout_update(
             self.model,
             self.opt,
             samples,
@@ -294,7 +300,7 @@ class Trainer:
             self.tok.pad_token_id,
         )
         self.opt_steps += len(minibatches)
-        return {**stats, "lr": lrs[-1]}  # the rate of the step's last optimizer step
+        return update
 
     def _save(self, step: int, record: dict | None) -> None:
         """Checkpoint `step` (collective): the sharded resume state first, then the weights
@@ -342,7 +348,7 @@ class Trainer:
                 length_error=float(np.mean(collector.all_length_errors))
                 if collector.all_length_errors
                 else math.nan,
-                **stats,
+                **asdict(stats),
                 staleness_mean=float(np.mean(staleness)),
                 staleness_max=int(np.max(staleness)),
                 oldest_policy_step=int(min(s.policy_step for s in samples)),
@@ -355,7 +361,7 @@ class Trainer:
                 wait_seconds=round(waited, 4),
                 train_seconds=round(train_seconds, 4),
                 step_seconds=round(time.perf_counter() - t0, 4),
-                tokens_per_second=stats["trained_tokens"] / max(train_seconds, 1e-9),
+                tokens_per_second=stats.trained_tokens / max(train_seconds, 1e-9),
             )
             self._save(n + 1, record.model_dump())
             self._publish(n + 1, final=n + 1 >= tc.steps)

@@ -51,6 +51,24 @@ class UpdateSettings:
     off_policy: OffPolicySettings = field(default_factory=OffPolicySettings)
 
 
+@dataclass(frozen=True)
+class UpdateStats:
+    """One rollout step's update, global over ranks: the `StepMetrics` fields of the same
+    names in `metrics.jsonl`."""
+
+    loss: float  # mean over the step's optimizer steps of the summed micro-batch losses
+    grad_norm: float  # mean gradient norm before clipping
+    grad_norm_max: float
+    clip_ratio: float  # share of completion tokens whose ratio was clipped
+    entropy: float  # mean per completion token
+    trained_tokens: int
+    lr: float  # the rate of the step's last optimizer step
+    is_weight_mean: float  # mean off-policy weight over completion tokens
+    is_weight_max: float
+    is_masked_share: float  # share of completion tokens the off-policy correction masked
+    behaviour_kl: float  # k3 estimate of KL(sampling policy || policy n) per token
+
+
 def token_budget(minibatch_samples: int, max_new_tokens: int) -> float:
     """Dr. GRPO's constant normalizer of one optimizer step: every sample of the minibatch,
     on every rank, times the completion length limit."""
@@ -142,7 +160,7 @@ def rollout_update(
     settings: UpdateSettings,
     ranks: Ranks,
     pad_id: int,
-) -> dict:
+) -> UpdateStats:
     """Take one optimizer step per minibatch (learning rate `lrs[i]` for the i-th); every
     rank calls it with the same samples and minibatches. Returns the step's statistics,
     global over ranks."""
@@ -165,7 +183,7 @@ def rollout_update(
         ]
         for mb_old, mb_micros in zip(old, micros, strict=True)
     ]
-    behaviour = _sum_stats(
+    weight_mean, weight_max, masked_share, kl = _behaviour_figures(
         ranks,
         [
             behaviour_stats(w, o, m.behaviour, m.mask)
@@ -215,19 +233,26 @@ def rollout_update(
         entropies.append(entropy_sum / max(token_sum, 1.0))
         tokens += round(token_sum)
     model.eval()
-    return {
-        "loss": float(np.mean(losses)),
-        "grad_norm": float(np.mean(grad_norms)),
-        "grad_norm_max": float(np.max(grad_norms)),
-        "clip_ratio": float(np.mean(clip_ratios)),
-        "entropy": float(np.mean(entropies)),
-        "trained_tokens": tokens,
-        **behaviour,
-    }
+    return UpdateStats(
+        loss=float(np.mean(losses)),
+        grad_norm=float(np.mean(grad_norms)),
+        grad_norm_max=float(np.max(grad_norms)),
+        clip_ratio=float(np.mean(clip_ratios)),
+        entropy=float(np.mean(entropies)),
+        trained_tokens=tokens,
+        lr=lrs[-1],
+        is_weight_mean=weight_mean,
+        is_weight_max=weight_max,
+        is_masked_share=masked_share,
+        behaviour_kl=kl,
+    )
 
 
-def _sum_stats(ranks: Ranks, parts: list[BehaviourStats]) -> dict:
-    """The step's off-policy figures over every micro-batch of every rank."""
+def _behaviour_figures(
+    ranks: Ranks, parts: list[BehaviourStats]
+) -> tuple[float, float, float, float]:
+    """The step's off-policy figures over every micro-batch of every rank: mean weight,
+    largest weight, masked share and KL per token."""
     total = all_sum(
         ranks,
         [
@@ -240,9 +265,9 @@ def _sum_stats(ranks: Ranks, parts: list[BehaviourStats]) -> dict:
     )
     tokens, weight_sum, masked, kl_sum, finite = total
     weight_max = all_max(ranks, max((p.weight_max for p in parts), default=0.0))
-    return {
-        "is_weight_mean": weight_sum / max(tokens, 1.0),
-        "is_weight_max": weight_max,
-        "is_masked_share": masked / max(tokens, 1.0),
-        "behaviour_kl": kl_sum / max(finite, 1.0),
-    }
+    return (
+        weight_sum / max(tokens, 1.0),
+        weight_max,
+        masked / max(tokens, 1.0),
+        kl_sum / max(finite, 1.0),
+    )

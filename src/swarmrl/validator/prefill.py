@@ -3,14 +3,14 @@
 For every sample the validator feeds prompt + completion (all but the last completion
 token) through the claimed model and keeps, for each completion token t, the row whose
 logits drew t. Llama-family models run on the fast decoder the sampler uses
-(``inference.fast_llama``): each distinct prompt is prefilled once (a GRPO group shares
+(``generation.fast_llama``): each distinct prompt is prefilled once (a GRPO group shares
 it), then every completion in one pass against a copy of its prompt's cache, batched
 by length. Other models run their own Hugging Face forward over right-padded
 prompt + completion. Per token it computes:
 
 - the final-norm hidden state in bf16 (what the TOPLOC proof hashes);
 - under the sampling distribution softmax(logits / T) (top-p truncated when top_p < 1,
-  exactly as ``swarmrl.inference.sampler.draw`` builds it): the token's log-probability
+  exactly as ``swarmrl.generation.sampler.draw`` builds it): the token's log-probability
   (the quantity the worker reports), the probability of EOS, the token's CDF interval in
   the sampler's inverse-CDF order (for replay), and the moments of the surprisal and the
   probability-integral transform used by the statistical test (``sampling_test``).
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from swarmrl.inference.fast_llama import (
+from swarmrl.generation.fast_llama import (
     continuation_states,
     fast_decoder,
     length_batches,
@@ -120,7 +120,7 @@ def recompute(
 ) -> list[TokenStats]:
     """One ``TokenStats`` per sample; prompts and completions must be non-empty and in the vocabulary.
 
-    Llama-family models take the fast decoder (``inference.fast_llama``: each distinct
+    Llama-family models take the fast decoder (``generation.fast_llama``: each distinct
     prompt prefilled once, completions batched by length); others, or ``fast=False``,
     their own Hugging Face forward over right-padded prompt + completion.
     """

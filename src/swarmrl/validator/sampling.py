@@ -1,7 +1,7 @@
 """Was a completion sampled honestly from the claimed policy? Replay plus two statistical tests.
 
 1. **Replay** (exact). The sampler draws token t of a sample by inverse CDF with the
-   counter-based uniform u_t = ``uniforms(seed, t)`` (``swarmrl.inference.sampler``). The
+   counter-based uniform u_t = ``uniforms(seed, t)`` (``swarmrl.generation.sampler``). The
    validator knows the seed and recomputes the CDF, so an honest token lies in the CDF
    interval [low_t, high_t] that contains u_t, up to numerical drift between the worker's
    decode and the validator's prefill. A token further than ``tolerance`` outside its
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from swarmrl.assignment import stable_hash
-from swarmrl.inference.sampler import uniforms
+from swarmrl.generation.sampler import uniforms
 from swarmrl.validator.prefill import TokenStats
 
 

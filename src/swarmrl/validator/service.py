@@ -41,8 +41,7 @@ from swarmrl.protocol import models as api
 from swarmrl.protocol.membership import Membership
 from swarmrl.rollouts import AssignmentKey, RolloutFileError, SeenFiles, read_meta
 from swarmrl.runfolder import RunFolder
-from swarmrl.shardcast.client import fetch
-from swarmrl.shardcast.errors import FetchError
+from swarmrl.shardcast.client import FetchError, fetch
 from swarmrl.tasks.registry import build_task
 from swarmrl.toploc.thresholds import TOPLOC_PRESETS
 from swarmrl.validator.settings import ValidatorSettings

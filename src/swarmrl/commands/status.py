@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 
@@ -100,7 +101,7 @@ def render(status: api.PoolStatus, console: Console, now: float | None = None) -
         console.print(caught)
 
 
-def _status(args) -> int:
+def _status(args: argparse.Namespace) -> int:
     from swarmrl.protocol.client import PoolClient, PoolRefused  # not at parser build time
 
     try:
@@ -119,7 +120,7 @@ def _status(args) -> int:
     return 0
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "status", help="print the pool: members, health, step, submissions, verdicts, contributions"
     )

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from swarmrl.inference.fast_llama import (
+from swarmrl.generation.fast_llama import (
     FastLlama,
     fast_decoder,
     left_pad,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from swarmrl.assignment import Assignment
-from swarmrl.inference.sampler import Generation, SamplingParams, sample
+from swarmrl.generation.sampler import Generation, SamplingParams, sample
 from swarmrl.rewards import group_advantages, has_signal, score_sample
 from swarmrl.rollouts import empty_columns
 from swarmrl.scoring import completion_text, prompt_ids

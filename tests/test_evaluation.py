@@ -1,0 +1,36 @@
+"""`swarmrl eval`: the held-out figures `evaluate` returns, printed as one JSON object
+whose keys are the ones `summary.json` and the benchmarks read."""
+
+from __future__ import annotations
+
+import json
+
+from swarmrl.cli import build_parser, main
+from swarmrl.config import config_from_args
+from swarmrl.evaluation import Evaluation, evaluate
+from swarmrl.tasks.registry import build_task
+
+
+def test_eval_prints_what_evaluate_returns_and_repeats_it(warm_model_dir, capsys):
+    argv = ["eval", "--model", str(warm_model_dir), "--task.eval_size", "12"]
+    argv += ["--sampling.max_new_tokens", "24"]
+    assert main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert list(printed) == ["accuracy", "length_error", "mean_length", "problems"]
+
+    cfg = config_from_args(build_parser().parse_args(argv))
+    result = evaluate(warm_model_dir, build_task(cfg.task), cfg)
+    # Fixed per-problem seeds and targets: the same figures each time.
+    assert Evaluation.model_validate(printed) == result
+    assert result.problems == 12
+    assert 0.0 <= result.accuracy <= 1.0
+    assert result.length_error is not None and 0 < result.mean_length <= 24
+
+
+def test_without_length_targets_the_length_error_is_none(warm_model_dir):
+    argv = ["eval", "--model", str(warm_model_dir), "--task.eval_size", "4"]
+    argv += ["--sampling.max_new_tokens", "16", "--task.target_lengths", "[]"]
+    cfg = config_from_args(build_parser().parse_args(argv))
+    result = evaluate(warm_model_dir, build_task(cfg.task), cfg)
+    assert result.length_error is None
+    assert json.loads(result.model_dump_json())["length_error"] is None
