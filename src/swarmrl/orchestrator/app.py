@@ -31,8 +31,10 @@ from swarmrl.orchestrator.auth import Caller, RateLimiter, RequestVerifier, pool
 from swarmrl.orchestrator.config import OrchestratorConfig
 from swarmrl.orchestrator.errors import Refusal
 from swarmrl.orchestrator.gate import CALLER, SignedJsonGate, request_path
-from swarmrl.orchestrator.pool import Pool, UploadedFile, read_allowlist
+from swarmrl.orchestrator.membership import read_allowlist
+from swarmrl.orchestrator.pool import Pool
 from swarmrl.orchestrator.store import RolloutStore
+from swarmrl.orchestrator.uploads import UploadedFile
 from swarmrl.protocol import models as api
 
 log = logging.getLogger("swarmrl.orchestrator")
