@@ -97,14 +97,17 @@ def fund_by_owner(
     from eth_utils import to_checksum_address
 
     if pool_owner is None:
-        raise Refusal(403, "this pool has no owner (--owner): nobody may fund addresses")
+        raise Refusal(
+            403, "not_allowed", "this pool has no owner (--owner): nobody may fund addresses"
+        )
     if owner != pool_owner:
-        raise Refusal(403, f"{owner} is not the pool owner; only {pool_owner} funds")
+        raise Refusal(403, "not_allowed", f"{owner} is not the pool owner; only {pool_owner} funds")
     address = to_checksum_address(req.address)
     held = s.get(Account, address)
     if (held.balance if held else 0) + to_units(req.amount) > MAX_BALANCE:
         raise Refusal(
             422,
+            "invalid",
             f"{address} would hold over {from_units(MAX_BALANCE):g}, the most one balance may hold",
         )
     acct = fund(s, owner, address, to_units(req.amount), now)

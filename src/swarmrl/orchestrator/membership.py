@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import cast, get_args
+from typing import cast
 
 from sqlalchemy import Connection, bindparam, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -25,8 +25,6 @@ from swarmrl.orchestrator.errors import Refusal, Replayed
 from swarmrl.protocol import models as api
 from swarmrl.protocol import recipe
 from swarmrl.protocol.urls import unroutable
-
-ROLES: tuple[api.Role, ...] = get_args(api.Role)
 
 # The statements of the per-request paths, built once: building a statement costs more
 # than running it on SQLite.
@@ -60,10 +58,10 @@ def read_allowlist(path: str | None) -> dict[str, set[str]]:
         if not line:
             continue
         parts = line.split()
-        if len(parts) != 2 or not is_address(parts[0]) or parts[1] not in ROLES:
+        if len(parts) != 2 or not is_address(parts[0]) or parts[1] not in api.ROLES:
             raise ValueError(
                 f"{path}:{number}: expected 'ADDRESS ROLE' with ROLE one of "
-                f"{', '.join(ROLES)}, got {line!r}"
+                f"{', '.join(api.ROLES)}, got {line!r}"
             )
         allowed.setdefault(to_checksum_address(parts[0]), set()).add(parts[1])
     return allowed
@@ -103,13 +101,17 @@ def member(s: Session, address: str, roles: Iterable[str]) -> Member:
     m = s.get(Member, address)
     roles = tuple(roles)
     if m is None:
-        raise Refusal(403, f"{address} is not registered")
+        raise Refusal(403, "not_registered", f"{address} is not registered")
     if m.role not in roles:
-        raise Refusal(403, f"{address} is a {m.role}; this needs a {' or '.join(roles)}")
+        raise Refusal(
+            403, "wrong_role", f"{address} is a {m.role}; this needs a {' or '.join(roles)}"
+        )
     if m.ejected_at is not None:
         raise ejected(s, address)
     if m.status == "dead":
-        raise Refusal(403, f"{address} was declared dead after missed heartbeats; register again")
+        raise Refusal(
+            403, "dead", f"{address} was declared dead after missed heartbeats; register again"
+        )
     return m
 
 
@@ -119,12 +121,12 @@ def worker_row(s: Session, worker: str):
     m = s.connection().execute(_WORKER, {"who": worker}).first()
     if m is None or m.role != "worker" or m.status == "dead" or m.ejected_at is not None:
         member(s, worker, ["worker"])  # raises the precise refusal
-        raise Refusal(403, f"{worker} may not act as a worker")  # not reached
+        raise Refusal(403, "wrong_role", f"{worker} may not act as a worker")  # not reached
     return m
 
 
 def ejected(s: Session, address: str) -> Refusal:
-    """The refusal every request of an ejected member gets: `ejected: ` and why."""
+    """The refusal every request of an ejected member gets: code `ejected`, and why."""
     caught = s.scalars(
         select(Slashing).where(Slashing.address == address).order_by(Slashing.at.desc())
     ).first()
@@ -134,7 +136,7 @@ def ejected(s: Session, address: str) -> Refusal:
         if caught
         else "a validator rejected its work"
     )
-    return Refusal(403, f"ejected: {address} is out of the pool: {why}")
+    return Refusal(403, "ejected", f"ejected: {address} is out of the pool: {why}")
 
 
 # -- joining --------------------------------------------------------------------------
@@ -156,15 +158,15 @@ def register(
     allowed = allowlist.get(address, set())
     if req.role == "worker":
         if not config.open_workers and "worker" not in allowed:
-            raise Refusal(403, f"{address} is not on the allowlist as a worker")
+            raise Refusal(403, "not_allowed", f"{address} is not on the allowlist as a worker")
     elif req.role not in allowed:
-        raise Refusal(403, f"{address} is not on the allowlist as a {req.role}")
+        raise Refusal(403, "not_allowed", f"{address} is not on the allowlist as a {req.role}")
     if req.url is not None and req.role not in ("relay", "trainer"):
-        raise Refusal(422, "only relays and the trainer register a URL")
+        raise Refusal(422, "invalid", "only relays and the trainer register a URL")
     if req.url is not None and (why := unroutable(req.url)) is not None:
-        raise Refusal(422, f"url {req.url} cannot be fetched from: {why}")
+        raise Refusal(422, "invalid", f"url {req.url} cannot be fetched from: {why}")
     if req.recipe is not None and (diff := recipe.differences(pool_recipe, req.recipe)):
-        raise Refusal(409, f"recipe mismatch: {'; '.join(diff)}")
+        raise Refusal(409, "recipe_mismatch", f"recipe mismatch: {'; '.join(diff)}")
     m = s.get(Member, address)
     if m is not None and m.ejected_at is not None:
         raise ejected(s, address)
@@ -185,7 +187,7 @@ def register(
         # What it sent refused as a stranger (no nonce kept) is never served now.
         s.add(Nonce(address=address, nonce=REGISTERED, timestamp=caller.timestamp))
     elif m.role != req.role:
-        raise Refusal(409, f"{address} is registered as a {m.role}, not a {req.role}")
+        raise Refusal(409, "wrong_role", f"{address} is registered as a {m.role}, not a {req.role}")
     else:
         m.status = "healthy"
         m.url = req.url
@@ -208,6 +210,7 @@ def lock_stake(s: Session, address: str, stake: float, now: float) -> None:
     if short:
         raise Refusal(
             402,
+            "stake_short",
             f"a worker locks a stake of {stake:g} to register; {address} is "
             f"{accounts.from_units(short):g} short: ask the pool owner to fund it "
             f"(swarmrl pool fund {address} AMOUNT)",
@@ -224,7 +227,7 @@ def beat(s: Session, address: str, policy_step: int | None, now: float) -> bool:
     row = c.execute(_MEMBER_STATUS, {"who": address}).first()
     status, ejected_at = row if row is not None else (None, None)
     if status is None or status == "dead" or ejected_at is not None:
-        member(s, address, ROLES)  # raises the precise refusal
+        member(s, address, api.ROLES)  # raises the precise refusal
     c.execute(_BEAT, {"who": address, "now": now, "held": policy_step})
     if status != "healthy":
         s.execute(update(Member).where(Member.address == address).values(status="healthy"))

@@ -81,6 +81,7 @@ class Pool:
             if caller.timestamp < self.clock() - self.config.timestamp_window:
                 raise Refusal(
                     401,
+                    "stale_timestamp",
                     f"timestamp {caller.timestamp} left the ±{self.config.timestamp_window:.0f} s "
                     "window while the request waited; send it again",
                 )
@@ -92,11 +93,16 @@ class Pool:
                     if registered is not None and caller.timestamp < registered:
                         raise Refusal(
                             401,
+                            "stale_timestamp",
                             f"signed at {caller.timestamp}, before {caller.address} registered "
                             f"(its registration was signed at {registered}): sign it anew",
                         )
                     if self.limiter is not None and not self.limiter.allow(caller.address):
-                        raise Refusal(429, f"{caller.address} is over its rate limit; slow down")
+                        raise Refusal(
+                            429,
+                            "rate_limited",
+                            f"{caller.address} is over its rate limit; slow down",
+                        )
                     yield s
             except Replayed:
                 raise
@@ -184,7 +190,7 @@ class Pool:
         self, worker: str, assignment_id: int, upload: UploadedFile
     ) -> api.SubmissionInfo:
         """Check a streamed-in file against its assignment, store it, record the
-        submission; a file refused for what it holds (422) lapses its assignment."""
+        submission; a file refused for what it holds (`bad_file`) lapses its assignment."""
         try:
             # Parsed and measured before the lock is taken; the bounds need no lock.
             with self.ledger.session() as s:
@@ -203,7 +209,7 @@ class Pool:
                     now=self.clock(),
                 )
         except Refusal as refused:
-            if refused.status == 422:
+            if refused.code == "bad_file":
                 with self._lock, self.ledger.session() as s:
                     uploads.refused_file(s, worker, assignment_id, self.clock())
             raise

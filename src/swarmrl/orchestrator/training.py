@@ -50,18 +50,22 @@ def mark_trained(s: Session, trainer: str, req: api.MarkTrainedRequest, now: flo
     for file_hash in dict.fromkeys(req.file_hashes):
         sub = s.get(Submission, file_hash)
         if sub is None:
-            raise Refusal(404, f"no submission {file_hash}")
+            raise Refusal(404, "not_found", f"no submission {file_hash}")
         if sub.state not in LIVE_STATES:
-            raise Refusal(409, f"submission {file_hash} is {sub.state}; it must not be trained")
+            raise Refusal(
+                409, "conflict", f"submission {file_hash} is {sub.state}; it must not be trained"
+            )
         if sub.state == "pending" and sub.to_validate:
             raise Refusal(
                 409,
+                "conflict",
                 f"submission {file_hash} awaits its verdict; it must not be trained yet",
             )
         if sub.trained_step is not None:
             if sub.trained_step != req.step:
                 raise Refusal(
                     409,
+                    "conflict",
                     f"submission {file_hash} was already trained in step {sub.trained_step}",
                 )
             continue  # the same report again (a restarted trainer): counted once
@@ -85,13 +89,16 @@ def report_progress(
     names; `full` stops issuance for the step."""
     membership.member(s, trainer, ["trainer"])
     if req.usable > req.read:
-        raise Refusal(422, f"usable samples ({req.usable}) exceed those read ({req.read})")
+        raise Refusal(
+            422, "invalid", f"usable samples ({req.usable}) exceed those read ({req.read})"
+        )
     files = list(dict.fromkeys(req.files))
     subs = s.scalars(select(Submission).where(Submission.file_hash.in_(files))).all()
     foreign = set(files) - {x.file_hash for x in subs if x.step == step}
     if foreign:
         raise Refusal(
             422,
+            "invalid",
             f"{len(foreign)} files are no submissions of step {step}, e.g. {sorted(foreign)[0]}",
         )
     row = assignments.step_row(s, step, config, now)
@@ -125,11 +132,11 @@ def announce_checkpoint(
     newest = s.scalar(select(func.max(Checkpoint.step)))
     if known is not None:
         if known.blake3 != req.blake3:
-            raise Refusal(409, f"checkpoint {req.step} was announced with another hash")
+            raise Refusal(409, "conflict", f"checkpoint {req.step} was announced with another hash")
         # The trainer's word: a finished run resumed with more steps goes on.
         known.final = req.final
     elif newest is not None and req.step < newest:
-        raise Refusal(409, f"checkpoint {req.step} is older than the newest ({newest})")
+        raise Refusal(409, "conflict", f"checkpoint {req.step} is older than the newest ({newest})")
     else:
         s.add(Checkpoint(step=req.step, blake3=req.blake3, announced_at=now, final=req.final))
     s.flush()

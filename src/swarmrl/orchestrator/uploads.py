@@ -86,11 +86,13 @@ def submission_info(s: Submission) -> api.SubmissionInfo:
 def open_assignment(s: Session, worker: str, assignment_id: int) -> Assignment:
     a = s.get(Assignment, assignment_id)
     if a is None:
-        raise Refusal(404, f"assignment {assignment_id} was never issued")
+        raise Refusal(404, "not_found", f"assignment {assignment_id} was never issued")
     if a.worker != worker:
-        raise Refusal(403, f"assignment {assignment_id} was issued to another worker")
+        raise Refusal(
+            403, "not_allowed", f"assignment {assignment_id} was issued to another worker"
+        )
     if a.state != "issued":
-        raise Refusal(409, f"assignment {assignment_id} is {a.state}, no longer open")
+        raise Refusal(409, "conflict", f"assignment {assignment_id} is {a.state}, no longer open")
     return a
 
 
@@ -105,6 +107,7 @@ def check_target(s: Session, worker: str, assignment_id: int, now: float) -> Ref
     assignments.lapse(s, a, now)
     return Refusal(
         409,
+        "late",
         f"assignment {assignment_id} passed its deadline {now - a.deadline:.0f} s ago; "
         "late work is void",
     )
@@ -117,7 +120,7 @@ def bounds(s: Session, assignment_id: int, config: OrchestratorConfig) -> Rollou
     lock: an issued assignment's shape never changes."""
     a = s.connection().execute(_ASSIGNMENT, {"id": assignment_id}).first()
     if a is None:
-        raise Refusal(404, f"assignment {assignment_id} was never issued")
+        raise Refusal(404, "not_found", f"assignment {assignment_id} was never issued")
     return RolloutBounds(
         max_samples=a.prompts * a.group_size,
         max_new_tokens=config.max_new_tokens,
@@ -129,7 +132,7 @@ def parse(upload: UploadedFile, limits: RolloutBounds) -> ParsedFile:
     try:
         table, meta = read_rollouts(upload.path, limits)
     except Exception as exc:  # noqa: BLE001 (any failure to parse hostile bytes is the sender's)
-        raise Refusal(422, f"unreadable rollout file: {exc}") from None
+        raise Refusal(422, "bad_file", f"unreadable rollout file: {exc}") from None
     tokens = int(table.column("output_tokens").combine_chunks().value_lengths().to_numpy().sum())
     return ParsedFile(meta=meta, tokens=tokens, policies=table.column("policy_step").to_pylist())
 
@@ -186,7 +189,7 @@ def record(
     a = c.execute(_ASSIGNMENT, {"id": assignment_id}).first()
     if a is None or a.worker != worker or a.state != "issued":
         open_assignment(s, worker, assignment_id)  # raises the precise refusal
-        raise Refusal(409, f"assignment {assignment_id} is not open")  # not reached
+        raise Refusal(409, "conflict", f"assignment {assignment_id} is not open")  # not reached
     expected = {
         "worker_address": worker,
         "step": a.step,
@@ -199,13 +202,16 @@ def record(
         if getattr(meta, field) != value:
             raise Refusal(
                 422,
+                "bad_file",
                 f"file metadata {field}={getattr(meta, field)!r} disagrees with "
                 f"assignment {assignment_id} ({value!r})",
             )
     if not 0 <= meta.num_nonzero <= meta.num_samples:
-        raise Refusal(422, f"file metadata num_nonzero={meta.num_nonzero} is out of range")
+        raise Refusal(
+            422, "bad_file", f"file metadata num_nonzero={meta.num_nonzero} is out of range"
+        )
     if c.execute(_SUBMITTED, {"file_hash": upload.file_hash}).first() is not None:
-        raise Refusal(409, f"file {upload.file_hash} was already submitted")
+        raise Refusal(409, "conflict", f"file {upload.file_hash} was already submitted")
     name = store.name_for(a.step, upload.file_hash)
     # Samples claiming a policy older than the async bound allows are of no use: the
     # file is recorded, void (soft: no slash), and its worker checked more often.
@@ -256,5 +262,5 @@ def stored_file(s: Session, caller_address: str, file_hash: str) -> tuple[str, i
     membership.member(s, caller_address, ["trainer", "validator"])
     sub = s.get(Submission, file_hash)
     if sub is None:
-        raise Refusal(404, f"no submission {file_hash}")
+        raise Refusal(404, "not_found", f"no submission {file_hash}")
     return sub.stored_name, sub.size

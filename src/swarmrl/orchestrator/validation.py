@@ -57,10 +57,12 @@ def submission_of(
     --orchestrator`), since the seed comes from this orchestrator's secret. For the
     keys the allowlist names as validator or trainer, registered or not."""
     if not allowlist.get(caller, set()) & {"trainer", "validator"}:
-        raise Refusal(403, f"{caller} is not on the allowlist as a validator or trainer")
+        raise Refusal(
+            403, "not_allowed", f"{caller} is not on the allowlist as a validator or trainer"
+        )
     sub = s.get(Submission, file_hash)
     if sub is None:
-        raise Refusal(404, f"no submission {file_hash}")
+        raise Refusal(404, "not_found", f"no submission {file_hash}")
     a = s.get_one(Assignment, sub.assignment_id)
     return api.ValidationTask(
         submission=submission_info(sub).model_copy(update={"seed": a.seed}),
@@ -84,12 +86,12 @@ def record_verdict(
     membership.member(s, validator, ["validator"])
     sub = s.get(Submission, req.file_hash)
     if sub is None:
-        raise Refusal(404, f"no submission {req.file_hash}")
+        raise Refusal(404, "not_found", f"no submission {req.file_hash}")
     if sub.state != "pending":
-        raise Refusal(409, f"submission {req.file_hash} is already {sub.state}")
+        raise Refusal(409, "conflict", f"submission {req.file_hash} is already {sub.state}")
     if not sub.to_validate:
         # Unchosen files may be trained any time: a verdict could come too late.
-        raise Refusal(409, f"submission {req.file_hash} was not chosen for validation")
+        raise Refusal(409, "conflict", f"submission {req.file_hash} was not chosen for validation")
     s.add(
         Verdict(
             file_hash=sub.file_hash,
