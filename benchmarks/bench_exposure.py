@@ -67,8 +67,9 @@ from swarmrl.orchestrator.auth import Caller
 from swarmrl.orchestrator.config import OrchestratorConfig
 from swarmrl.orchestrator.errors import Refusal
 from swarmrl.orchestrator.issuance import chosen_for_validation
-from swarmrl.orchestrator.pool import Pool, UploadedFile
+from swarmrl.orchestrator.pool import Pool
 from swarmrl.orchestrator.store import RolloutStore
+from swarmrl.orchestrator.uploads import UploadedFile
 from swarmrl.protocol import models as api
 from swarmrl.rollouts import RolloutMeta, write_rollouts
 

@@ -17,6 +17,7 @@ from swarmrl.identity import Identity
 from swarmrl.ledger import JournalEntry, Ledger
 from swarmrl.protocol import PoolClient, PoolRefused
 from swarmrl.protocol import models as api
+from swarmrl.protocol.membership import ejected
 
 BLAKE = "ab" * 32
 # Near zero, not zero: nothing is chosen at the base rate, but the higher rates apply
@@ -165,15 +166,17 @@ def test_a_reject_slashes_voids_taints_and_ejects(tmp_path, backend, owner):
         listed = {s.file_hash for s in p.trainer.submissions_for_step(0).submissions}
         assert listed == {honest_file.file_hash, trained.file_hash}
         assert "voided" in refused(lambda: p.trainer.mark_trained(0, [untrained.file_hash]), 409)
-        # Ejected: every route answers 403 "ejected: ...".
+        # Ejected: every route answers 403 with the code "ejected", which members stop on.
         for call in (
             lambda: cheat.heartbeat(0),
             lambda: cheat.assignment(0),
             lambda: p.upload_for(cheat, still_open),
             lambda: cheat.register("worker"),
         ):
-            detail = refused(call, 403)
-            assert detail.startswith("ejected:") and reason in detail
+            with pytest.raises(PoolRefused) as info:
+                call()
+            assert (info.value.status, info.value.code) == (403, "ejected"), info.value
+            assert ejected(info.value) and reason in info.value.detail
         # Its open assignment went back to the pool: the honest worker gets the work.
         assert take(honest).step == 0
         # `swarmrl status` shows who was caught, on which check, and what it cost.

@@ -14,7 +14,7 @@ import pytest
 
 from swarmrl.config import load_config
 from swarmrl.identity import load_identity
-from swarmrl.orchestrator.pool import read_allowlist
+from swarmrl.orchestrator.membership import read_allowlist
 from swarmrl.protocol import PoolClient
 from swarmrl.protocol.client import PoolRefused
 from swarmrl.protocol.funding import fund_workers, owner_key

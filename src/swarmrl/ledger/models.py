@@ -23,11 +23,15 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-ROLES = ("worker", "trainer", "validator", "relay")
-MEMBER_STATUSES = ("healthy", "unhealthy", "dead")
-ASSIGNMENT_STATES = ("issued", "returned", "lapsed")
-SUBMISSION_STATES = ("pending", "accepted", "rejected", "voided")
-LIVE_STATES = ("pending", "accepted")  # submissions that may still be trained
+from swarmrl.protocol.models import (
+    ASSIGNMENT_STATES,
+    MEMBER_STATUSES,
+    ROLES,
+    SUBMISSION_STATES,
+    SubmissionState,
+)
+
+LIVE_STATES: tuple[SubmissionState, ...] = ("pending", "accepted")  # may still be trained
 # fund: owner → balance; stake: balance → stake; release: stake → balance;
 # slash: stake → gone (the pool keeps it); payout: pool → balance.
 JOURNAL_KINDS = ("fund", "stake", "release", "slash", "payout")

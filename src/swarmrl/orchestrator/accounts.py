@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 from swarmrl.ledger import (
     Account,
     Assignment,
+    Checkpoint,
     Contribution,
     JournalEntry,
     Member,
@@ -34,6 +35,8 @@ from swarmrl.ledger import (
     Submission,
     Taint,
 )
+from swarmrl.orchestrator.errors import Refusal
+from swarmrl.protocol import models as api
 
 NANO = 10**9
 MAX_BALANCE = 10**18  # nano-units (1e9 units): far inside the ledger's signed 64-bit integers
@@ -87,6 +90,32 @@ def fund(s: Session, owner: str, address: str, amount: int, now: float) -> Accou
     return acct
 
 
+def fund_by_owner(
+    s: Session, pool_owner: str | None, owner: str, req: api.FundRequest, now: float
+) -> api.Account:
+    """The pool owner's act: add `req.amount` to an address's balance, up to `MAX_BALANCE`."""
+    from eth_utils import to_checksum_address
+
+    if pool_owner is None:
+        raise Refusal(
+            403, "not_allowed", "this pool has no owner (--owner): nobody may fund addresses"
+        )
+    if owner != pool_owner:
+        raise Refusal(403, "not_allowed", f"{owner} is not the pool owner; only {pool_owner} funds")
+    address = to_checksum_address(req.address)
+    held = s.get(Account, address)
+    if (held.balance if held else 0) + to_units(req.amount) > MAX_BALANCE:
+        raise Refusal(
+            422,
+            "invalid",
+            f"{address} would hold over {from_units(MAX_BALANCE):g}, the most one balance may hold",
+        )
+    acct = fund(s, owner, address, to_units(req.amount), now)
+    return api.Account(
+        address=acct.address, balance=from_units(acct.balance), stake=from_units(acct.stake)
+    )
+
+
 def lock_stake(s: Session, address: str, min_stake: int, now: float) -> int:
     """Top the address's stake up to `min_stake` from its balance; returns the shortfall
     (0 when locked; otherwise nothing changed)."""
@@ -137,6 +166,13 @@ def settle(s: Session, last_ended_step: int, rates: Rates, now: float) -> int:
         account(s, c.worker).balance += amount
         _entry(s, "payout", c.worker, amount, now, step=c.step, file_hash=c.file_hash)
     return len(due)
+
+
+def settle_ended(s: Session, rates: Rates, now: float) -> int:
+    """Pay the credited work of every ended step: checkpoint n is the trainer's word that
+    the steps before n are trained."""
+    newest = s.scalar(select(func.max(Checkpoint.step)))
+    return settle(s, newest - 1, rates, now) if newest else 0
 
 
 def eject(

@@ -23,6 +23,7 @@ from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from swarmrl.identity import PROTOCOL, body_digest
@@ -31,8 +32,10 @@ from swarmrl.orchestrator.auth import Caller, RateLimiter, RequestVerifier, pool
 from swarmrl.orchestrator.config import OrchestratorConfig
 from swarmrl.orchestrator.errors import Refusal
 from swarmrl.orchestrator.gate import CALLER, SignedJsonGate, request_path
-from swarmrl.orchestrator.pool import Pool, UploadedFile, read_allowlist
+from swarmrl.orchestrator.membership import read_allowlist
+from swarmrl.orchestrator.pool import Pool
 from swarmrl.orchestrator.store import RolloutStore
+from swarmrl.orchestrator.uploads import UploadedFile
 from swarmrl.protocol import models as api
 
 log = logging.getLogger("swarmrl.orchestrator")
@@ -87,10 +90,10 @@ class BodyLimit:
         limit = self.upload_limit if scope["path"].endswith("/rollout") else MAX_JSON_BYTES
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > limit:
-            response = JSONResponse(
-                {"detail": f"body of {int(declared)} bytes is over the {limit}-byte limit"},
-                status_code=413,
+            too_large = Refusal(
+                413, "too_large", f"body of {int(declared)} bytes is over the {limit}-byte limit"
             )
+            response = JSONResponse(too_large.problem(), status_code=too_large.status)
             await response(scope, receive, send)
             return
         received = 0
@@ -101,7 +104,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise Refusal(413, f"body is over the {limit}-byte limit")
+                    raise Refusal(413, "too_large", f"body is over the {limit}-byte limit")
             return message
 
         await self.app(scope, limited_receive, send)
@@ -161,7 +164,17 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
 
     @app.exception_handler(Refusal)
     async def refused(_request: Request, exc: Refusal) -> JSONResponse:
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status)
+        return JSONResponse(exc.problem(), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def unrouted(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # The router's own answers (no such route, method not allowed) carry a code too.
+        code: api.RefusalCode = "not_found" if exc.status_code == 404 else "invalid"
+        return JSONResponse(
+            api.Problem(code=code, detail=str(exc.detail)).model_dump(),
+            status_code=exc.status_code,
+            headers=exc.headers,
+        )
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -170,7 +183,7 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
         )
-        return JSONResponse({"detail": problems}, status_code=422)
+        return JSONResponse(Refusal(422, "invalid", problems).problem(), status_code=422)
 
     async def signed(request: Request) -> Caller:
         # On the event loop: the checks need no ledger (a fraction of a millisecond), and a
@@ -271,13 +284,15 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
                     async for chunk in request.stream():
                         size += len(chunk)
                         if size > limit:
-                            raise Refusal(413, f"file is over the {limit}-byte limit")
+                            raise Refusal(413, "too_large", f"file is over the {limit}-byte limit")
                         digest.update(chunk)
                         fh.write(chunk)
                 except ClientDisconnect:
-                    raise Refusal(400, "the sender disconnected mid-upload") from None
+                    raise Refusal(400, "invalid", "the sender disconnected mid-upload") from None
             if digest.hexdigest() != sha256:
-                raise Refusal(400, f"the uploaded bytes hash to {digest.hexdigest()}, not {sha256}")
+                raise Refusal(
+                    400, "invalid", f"the uploaded bytes hash to {digest.hexdigest()}, not {sha256}"
+                )
             return await run_in_threadpool(
                 pool.accept_upload,
                 caller.address,

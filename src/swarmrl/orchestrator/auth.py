@@ -82,13 +82,14 @@ class RequestVerifier:
         try:
             signed = parse_signed_headers(headers)
         except OldProtocolError as exc:
-            raise Refusal(426, str(exc)) from None
+            raise Refusal(426, "old_protocol", str(exc)) from None
         except SignatureError as exc:
-            raise Refusal(401, str(exc)) from None
+            raise Refusal(401, "bad_signature", str(exc)) from None
         if signed.pool != self.pool:
             # The signature would not recover anyway (the text names the pool): say why.
             raise Refusal(
                 401,
+                "wrong_pool",
                 f"signed for pool {signed.pool}; this orchestrator serves pool {self.pool} "
                 f"({PROTOCOL}, GET /v1/signing): check the orchestrator URL",
             )
@@ -96,6 +97,7 @@ class RequestVerifier:
         if abs(skew) > self.window:
             raise Refusal(
                 401,
+                "stale_timestamp",
                 f"timestamp {signed.timestamp} is {skew:+.0f} s from the orchestrator's clock "
                 f"(window ±{self.window:.0f} s): check the sender's clock",
             )
@@ -105,9 +107,13 @@ class RequestVerifier:
             )
             signer = recover_signer(text, signed.signature)
         except SignatureError as exc:
-            raise Refusal(401, str(exc)) from None
+            raise Refusal(401, "bad_signature", str(exc)) from None
         if signer != signed.address:
-            raise Refusal(401, f"signature is not {signed.address}'s (it recovers to another key)")
+            raise Refusal(
+                401,
+                "bad_signature",
+                f"signature is not {signed.address}'s (it recovers to another key)",
+            )
         return Caller(
             address=signed.address,
             nonce=signed.nonce,

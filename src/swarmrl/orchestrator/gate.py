@@ -75,9 +75,11 @@ class SignedJsonGate:
                 try:
                     pydantic_core.from_json(body)
                 except ValueError as exc:
-                    raise Refusal(400, f"the body is not JSON: {str(exc)[:200]}") from None
+                    raise Refusal(
+                        400, "invalid", f"the body is not JSON: {str(exc)[:200]}"
+                    ) from None
         except Refusal as refused:
-            response = JSONResponse({"detail": refused.detail}, status_code=refused.status)
+            response = JSONResponse(refused.problem(), status_code=refused.status)
             await response(scope, receive, send)
             return
         delivered = False

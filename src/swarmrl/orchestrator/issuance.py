@@ -5,6 +5,10 @@ ledger and the secret never leaves the orchestrator, so a worker can neither cho
 nor predict nor grind its prompts. A file is chosen for validation when
 HMAC(secret, "validate|<file hash>") falls below the validation fraction, which a
 worker cannot compute either.
+
+Kept free of the ledger, so the math is checked on CPU with hand-computed numbers and
+anyone holding the secret can recompute a seed; `assignments.py` applies it to the
+ledger's counts.
 """
 
 from __future__ import annotations

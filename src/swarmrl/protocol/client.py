@@ -1,7 +1,8 @@
 """The one HTTP client every role uses to talk to the orchestrator; every request signed.
 
 Methods mirror the API, one per endpoint, and return the shared pydantic models. A
-refusal raises `PoolRefused` carrying the HTTP status and the orchestrator's reason.
+refusal raises `PoolRefused` carrying the HTTP status, the refusal's code (`api.RefusalCode`:
+callers branch on it, never on the wording) and the orchestrator's reason.
 A connection error (the orchestrator restarting) is retried with doubling delays for up
 to `retry_seconds`, each attempt signed afresh; then `PoolUnreachable` is raised.
 """
@@ -28,12 +29,28 @@ log = logging.getLogger("swarmrl.protocol")
 
 
 class PoolRefused(RuntimeError):
-    """The orchestrator refused a request: `status` and its one-line reason."""
+    """The orchestrator refused a request: `status`, its `code` and its one-line reason.
 
-    def __init__(self, status: int, detail: str, method: str, path: str) -> None:
+    `code` is None where the answer carried no known code (a proxy's error page, or an
+    orchestrator's own failure)."""
+
+    def __init__(
+        self,
+        status: int,
+        detail: str,
+        method: str,
+        path: str,
+        code: api.RefusalCode | None = None,
+    ) -> None:
         super().__init__(f"{method} {path}: HTTP {status}: {detail}")
         self.status = status
+        self.code = code
         self.detail = detail
+
+
+def _refusal_code(problem: object) -> api.RefusalCode | None:
+    code = problem.get("code") if isinstance(problem, dict) else None
+    return next((c for c in api.REFUSAL_CODES if c == code), None)
 
 
 class PoolUnreachable(ConnectionError):
@@ -123,7 +140,9 @@ class PoolClient:
             detail = problem.get("detail") if isinstance(problem, dict) else None
             if detail is None:
                 detail = response.text[:1000]
-            raise PoolRefused(response.status_code, str(detail), method, path)
+            raise PoolRefused(
+                response.status_code, str(detail), method, path, code=_refusal_code(problem)
+            )
         return response
 
     def _attempt(
@@ -169,6 +188,7 @@ class PoolClient:
                     f"older than this client, which signs {PROTOCOL}; upgrade the orchestrator",
                     "GET",
                     "/v1/signing",
+                    code="old_protocol",
                 ) from None
             info = api.SigningInfo.model_validate_json(r.content)
             if info.protocol != PROTOCOL:
@@ -178,6 +198,7 @@ class PoolClient:
                     f"{PROTOCOL}: run the same swarmrl version on both",
                     "GET",
                     "/v1/signing",
+                    code="old_protocol",
                 )
             self._pool = info.pool
         return self._pool
@@ -260,7 +281,11 @@ class PoolClient:
         if digest.hexdigest() != file_hash:
             tmp.unlink()
             raise PoolRefused(
-                502, f"downloaded bytes hash to {digest.hexdigest()}", "GET", file_hash
+                502,
+                f"downloaded bytes hash to {digest.hexdigest()}",
+                "GET",
+                file_hash,
+                code="bad_file",
             )
         tmp.replace(dest)
         return dest

@@ -37,7 +37,7 @@ def retryable(exc: Exception) -> bool:
 def ejected(exc: Exception) -> bool:
     """Whether the pool ejected this member (a rejected file slashed it): every further
     request is refused, so the member should stop rather than retry or restart."""
-    return isinstance(exc, PoolRefused) and exc.status == 403 and exc.detail.startswith("ejected")
+    return isinstance(exc, PoolRefused) and exc.code == "ejected"
 
 
 class Membership:
@@ -104,9 +104,7 @@ class Membership:
                 view = self.client.heartbeat(self.policy_step())
             except PoolRefused as exc:
                 # Declared dead after missed heartbeats, or a ledger that never knew it.
-                if exc.status != 403 or not (
-                    "register again" in exc.detail or "not registered" in exc.detail
-                ):
+                if exc.code not in ("dead", "not_registered"):
                     raise
                 log.warning("%s; registering again", exc.detail)
                 self._register_locked()

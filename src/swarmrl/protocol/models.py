@@ -6,11 +6,45 @@ unknown fields and bound every number and string: they parse what untrusted memb
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# The pool's kinds, declared once: the ledger's constraints (ledger/models.py) are built
+# from these, so the API and the tables cannot disagree on a role or a state.
 Role = Literal["worker", "trainer", "validator", "relay"]
+MemberStatus = Literal["healthy", "unhealthy", "dead"]  # by heartbeats
+AssignmentState = Literal["issued", "returned", "lapsed"]
+SubmissionState = Literal["pending", "accepted", "rejected", "voided"]
+ROLES: tuple[Role, ...] = get_args(Role)
+MEMBER_STATUSES: tuple[MemberStatus, ...] = get_args(MemberStatus)
+ASSIGNMENT_STATES: tuple[AssignmentState, ...] = get_args(AssignmentState)
+SUBMISSION_STATES: tuple[SubmissionState, ...] = get_args(SubmissionState)
+
+# What kind of refusal a refused request met, in its body's `code` (docs/orchestrator.md
+# lists them): programs branch on it, people read `detail`.
+RefusalCode = Literal[
+    "bad_signature",  # malformed signature headers, or a signature of another key
+    "wrong_pool",  # signed for another pool: check the orchestrator URL
+    "old_protocol",  # the client or the orchestrator speaks an older protocol: upgrade
+    "stale_timestamp",  # outside the timestamp window, or signed before the key registered
+    "replayed",  # the nonce was already used by this address
+    "rate_limited",  # the sender is over its rate limit
+    "not_registered",  # the key is no member: register
+    "dead",  # declared dead after missed heartbeats: register again
+    "ejected",  # a validator rejected the member's work: it is out of the pool for good
+    "wrong_role",  # the member's role may not do this, or it registered as another role
+    "not_allowed",  # not on the allowlist, not the pool owner, or another worker's assignment
+    "recipe_mismatch",  # the member's recipe differs from the pool's (GET /v1/recipe)
+    "stake_short",  # a worker's balance cannot cover the stake it must lock
+    "not_found",  # no such assignment, submission or route
+    "conflict",  # the ledger's state forbids it: closed, already decided, older checkpoint
+    "late",  # the assignment passed its deadline: the work is void
+    "bad_file",  # an uploaded file refused for what it holds: its assignment lapses
+    "invalid",  # a request malformed or out of bounds
+    "too_large",  # a body or file over its size limit
+]
+REFUSAL_CODES: tuple[RefusalCode, ...] = get_args(RefusalCode)
 
 
 class _Request(BaseModel):
@@ -59,7 +93,9 @@ class RegisterRequest(_Request):
 class Member(BaseModel):
     address: str
     role: Role
-    status: str = Field(description="healthy, unhealthy or dead (by heartbeats), or ejected")
+    status: MemberStatus | Literal["ejected"] = Field(
+        description="healthy, unhealthy or dead (by heartbeats), or ejected"
+    )
     url: str | None = None
     lapses: int = 0
     last_heartbeat: float | None = None
@@ -128,7 +164,7 @@ class SubmissionInfo(BaseModel):
     num_samples: int
     num_nonzero: int
     num_tokens: int
-    state: str
+    state: SubmissionState
     trained_step: int | None = None
     seed: int | None = Field(
         None, description="the assignment's seed (in the trainer's list: it rebuilds the prompts)"
@@ -173,7 +209,7 @@ class VerdictRequest(_Request):
 
 class VerdictResponse(BaseModel):
     file_hash: str
-    state: str
+    state: SubmissionState
 
 
 class CheckpointAnnouncement(_Request):
@@ -271,7 +307,10 @@ class PoolStatus(BaseModel):
 
 
 class Problem(BaseModel):
-    detail: str
+    """A refused request's body: what kind of refusal, and why in one line."""
+
+    code: RefusalCode = Field(description="the kind of refusal, for programs to branch on")
+    detail: str = Field(description="what was wrong and what to do, for people")
 
 
 class SigningInfo(BaseModel):
