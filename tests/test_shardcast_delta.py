@@ -305,3 +305,15 @@ def test_a_mutated_delta_never_costs_the_right_checkpoint(published, tmp_path, t
     if result.route == "full":
         assert result.delta_refused
     shutil.rmtree(dest)
+
+
+def test_a_base_missing_from_the_origin_store_costs_only_the_delta(tmp_path):
+    origin = Origin(tmp_path / "origin", shard_size=SHARD, delta_block=BLOCK)
+    origin.publish(1, checkpoint(tmp_path / "c1", 1))
+    (origin.root / "v1" / shard_name(3)).unlink()
+    manifest = origin.publish(2, checkpoint(tmp_path / "c2", 2))
+    assert manifest.deltas == () and not delta_dir(origin.root).exists()
+    assert 2 in origin.store.listed()
+    unlisted = Origin(tmp_path / "plain", shard_size=SHARD, deltas=False)
+    unlisted.publish(1, tmp_path / "c1")
+    assert unlisted.publish(2, tmp_path / "c2").deltas == ()

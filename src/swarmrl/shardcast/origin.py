@@ -193,14 +193,22 @@ class Origin:
         directory = staging / delta_dir_name(base)
         directory.mkdir()
         writer = _ShardWriter(directory, self.shard_size)
-        frames = encode(
-            sharded_reader(staging, result),
-            result.file_size,
-            sharded_reader(base_dir, base_manifest),
-            base_manifest.file_size,
-            writer,
-            block_size=self.delta_block,
-        )
+        try:
+            frames = encode(
+                sharded_reader(staging, result),
+                result.file_size,
+                sharded_reader(base_dir, base_manifest),
+                base_manifest.file_size,
+                writer,
+                block_size=self.delta_block,
+            )
+        except (
+            OSError
+        ) as exc:  # a base shard missing from the store: no delta, the version still goes out
+            log.warning("v%d is published without a delta: v%d: %s", result.version, base, exc)
+            writer.close()
+            shutil.rmtree(directory)
+            return None
         writer.close()
         if writer.size >= result.file_size:
             shutil.rmtree(directory)
