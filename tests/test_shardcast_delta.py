@@ -94,19 +94,20 @@ def test_delta_is_published_with_its_version_and_rebuilds_it_bit_for_bit(publish
     assert (result.route, result.delta_base, result.delta_refused) == ("delta", 1, None)
     assert tree(result.path) == tree(ckpts[2])
     assert result.bytes_fetched == delta.file.file_size < full.file_size
-    # archive-only: the rebuilt file is the very file of the full shards
-    archive = fetch([server.url], 2, dest / "tars", unpack_archive=False)
-    assert archive.route == "full"
-    (dest / "tars" / "v1.tar").write_bytes(b"")  # an unusable base is refused, not trusted
-    shutil.copy(archive.path, dest / "tars" / "v2-full.tar")
-    archive.path.unlink()
-    again = fetch([server.url], 2, dest / "tars", unpack_archive=False)
-    assert again.route == "full" and "not the delta's base" in (again.delta_refused or "")
-    fetch([server.url], 1, dest / "tars1", unpack_archive=False)
-    rebuilt = fetch([server.url], 2, dest / "tars1", unpack_archive=False)
+    assert sorted(p.name for p in dest.iterdir()) == ["v1", "v2"]  # no leftovers
+    # archive-only, the base held as v1.tar: the rebuilt file is the full shards' very file
+    tars = tmp_path / "tars"
+    fetch([server.url], 1, tars, unpack_archive=False)
+    rebuilt = fetch([server.url], 2, tars, unpack_archive=False)
     assert rebuilt.route == "delta"
     assert blake3.blake3(rebuilt.path.read_bytes()).hexdigest() == full.blake3
-    assert sorted(p.name for p in dest.iterdir()) == ["tars", "tars1", "v1", "v2"]  # no leftovers
+    # a held v1.tar with other bytes is refused as a base, not trusted
+    rebuilt.path.unlink()
+    (tars / "v1.tar").write_bytes(b"not v1")
+    again = fetch([server.url], 2, tars, unpack_archive=False)
+    assert again.route == "full" and "not the delta's base" in (again.delta_refused or "")
+    assert blake3.blake3(again.path.read_bytes()).hexdigest() == full.blake3
+    assert sorted(p.name for p in tars.iterdir()) == ["v1.tar", "v2.tar"]
 
 
 def test_a_relay_mirrors_deltas_and_serves_them(published, tmp_path):
