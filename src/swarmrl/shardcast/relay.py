@@ -10,7 +10,10 @@ the staging directory to ``v<N>`` and announces it. Its distribution.txt lists e
 the versions that an upstream still lists and that it holds completely. A version the
 upstreams dropped is delisted at once and deleted after ``grace_s`` seconds. Shards that
 survive in a staging directory after a restart are re-hashed and kept (resume).
-Relays chain: a relay's upstream can be another relay.
+Relays chain: a relay's upstream can be another relay. The deltas the upstream manifest
+lists (``v<N>/delta-from-<B>/``) are mirrored the same way, before the version is
+installed; one that cannot be had is left out of the relay's manifest, and the version
+goes out with its full shards only.
 
 The relay does not trust its own store: its ``guard`` (serve it with
 ``start_server(root, guard=relay.guard)``) checks every shard against the manifest
@@ -18,7 +21,8 @@ before it is served, once per state of the file and again every ``rehash_s`` sec
 A shard that fails is deleted and fetched again from upstream at once (``heal``); a
 version whose manifest is missing or unreadable is dropped and mirrored again. Clients
 get ``503`` for that shard meanwhile and retry, so one corrupted file costs a retry,
-not the swarm's progress.
+not the swarm's progress. A damaged delta shard is not repaired: the guard deletes the
+delta (it is optional) and clients take the full shards.
 """
 
 from __future__ import annotations
