@@ -5,6 +5,7 @@ Checkpoints are real safetensors files whose float32 weights move by an Adam-siz
 real relay; the client must end with the right checkpoint whatever the delta is.
 """
 
+import contextlib
 import json
 import shutil
 import time
@@ -21,7 +22,7 @@ from safetensors.numpy import save_file
 
 from swarmrl.shardcast.client import fetch
 from swarmrl.shardcast.delta import DeltaError, DeltaManifest, decode_block, encode_block
-from swarmrl.shardcast.layout import Manifest, ShardInfo, shard_name
+from swarmrl.shardcast.layout import LayoutError, Manifest, ShardInfo, shard_name
 from swarmrl.shardcast.origin import Origin
 from swarmrl.shardcast.relay import Relay
 from swarmrl.shardcast.server import start_server
@@ -318,3 +319,32 @@ def test_a_base_missing_from_the_origin_store_costs_only_the_delta(tmp_path):
     unlisted = Origin(tmp_path / "plain", shard_size=SHARD, deltas=False)
     unlisted.publish(1, tmp_path / "c1")
     assert unlisted.publish(2, tmp_path / "c2").deltas == ()
+
+
+def test_a_frame_that_asks_for_a_huge_window_is_refused():
+    params = zstandard.ZstdCompressionParameters.from_level(3, window_log=27)
+    stream = zstandard.ZstdCompressor(compression_params=params).compressobj()  # size unknown:
+    frame = stream.compress(bytes(2 * BLOCK)) + stream.flush()  # the header keeps the window
+    assert zstandard.get_frame_parameters(frame).window_size == 1 << 27
+    with pytest.raises(DeltaError, match="too much memory"):
+        decode_block(frame, b"", 2 * BLOCK)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.one_of(
+        st.binary(max_size=300),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+            lambda inner: (
+                st.lists(inner, max_size=4)
+                | st.dictionaries(st.text(max_size=12), inner, max_size=6)
+            ),
+            max_leaves=20,
+        ).map(lambda v: json.dumps(v).encode()),
+    )
+)
+def test_delta_manifest_parser_refuses_anything_malformed_with_a_layout_error(data):
+    """Hostile bytes from a relay: parsed, or refused with the one clear error, never a crash."""
+    with contextlib.suppress(LayoutError):
+        DeltaManifest.from_json(data)
