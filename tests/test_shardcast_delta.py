@@ -348,3 +348,17 @@ def test_delta_manifest_parser_refuses_anything_malformed_with_a_layout_error(da
     """Hostile bytes from a relay: parsed, or refused with the one clear error, never a crash."""
     with contextlib.suppress(LayoutError):
         DeltaManifest.from_json(data)
+
+
+def test_swarmrl_fetch_says_which_way_the_file_came(published, tmp_path, capsys):
+    from swarmrl.shardcast.cli import main
+
+    _, server, ckpts = published
+    dest = holding_v1(server.url, tmp_path / "dest")
+    args = ["fetch", "--servers", server.url, "--version", "2", "--quiet"]
+    assert main([*args, "--dest", str(dest)]) == 0
+    assert json.loads(capsys.readouterr().out)["route"] == "delta"
+    off = holding_v1(server.url, tmp_path / "off")
+    assert main([*args, "--dest", str(off), "--no-deltas"]) == 0
+    assert json.loads(capsys.readouterr().out)["route"] == "full"
+    assert tree(dest / "v2") == tree(off / "v2") == tree(ckpts[2])
