@@ -403,3 +403,46 @@ def test_policy_loaded_only_with_the_announced_bytes(tmp_path):
         assert source.bytes_by_server == {server.url: published.file_size}
     finally:
         server.stop()
+
+
+def test_next_policy_comes_as_a_delta_against_the_one_held(tmp_path):
+    """After one real AdamW step the worker fetches the new policy as a delta, counts the
+    route, and ends with the published bytes; with deltas off it takes the full shards."""
+    import torch
+
+    model, tok = random_model(seed=0)
+    m0 = tmp_path / "m0"
+    model.save_pretrained(m0)
+    tok.save_pretrained(m0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.99), weight_decay=0.01)
+    tokens = torch.randint(
+        0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0)
+    )
+    model(input_ids=tokens, labels=tokens).loss.backward()
+    opt.step()
+    m1 = tmp_path / "m1"
+    model.save_pretrained(m1)
+    tok.save_pretrained(m1)
+    origin = Origin(tmp_path / "origin", shard_size=64 * 1024)
+    first = origin.publish(0, m0)
+    second = origin.publish(1, m1)
+    assert second.deltas == (0,)
+    server = start_server(origin.root)
+    try:
+        for deltas, routes in [(True, {"full": 1, "delta": 1}), (False, {"full": 2})]:
+            source = PolicySource(tmp_path / f"w-{deltas}" / "policies", deltas=deltas)
+            source.load([server.url], api.CheckpointInfo(step=0, blake3=first.blake3))
+            reloaded, _ = source.load(
+                [server.url], api.CheckpointInfo(step=1, blake3=second.blake3)
+            )
+            assert source.fetches == routes
+            assert all(
+                torch.equal(a, b)
+                for a, b in zip(
+                    reloaded.state_dict().values(), model.state_dict().values(), strict=True
+                )
+            )
+            fetched = source.bytes_by_server[server.url] - first.file_size
+            assert (fetched < 0.9 * second.file_size) if deltas else fetched == second.file_size
+    finally:
+        server.stop()

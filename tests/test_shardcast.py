@@ -611,16 +611,28 @@ def run_reference_client(url: str, version: int, out: Path) -> subprocess.Comple
 
 
 def test_reference_client_downloads_from_our_origin_and_our_relay(origin, tmp_path):
-    publisher, server, _ = origin
-    expected = publisher.store.listed()[5].blake3
+    publisher, server, checkpoint = origin
+    # v6 is also published as a delta from v5 (v6/delta-from-5/): the reference client,
+    # which knows only distribution.txt and the shards, must not notice it
+    changed = shutil.copytree(checkpoint, tmp_path / "ckpt6")
+    model = bytearray((changed / "model.safetensors").read_bytes())
+    model[::1000] = bytes(len(model[::1000]))
+    (changed / "model.safetensors").write_bytes(bytes(model))
+    assert publisher.publish(6, changed).deltas == (5,)
     relay = Relay([server.url], tmp_path / "relay", poll_s=0.1, timeout=2)
-    assert relay.sync_once() == [5]
+    assert relay.sync_once() == [6, 5]
+    assert (relay.store.root / "v6" / "delta-from-5" / "manifest.json").exists()
     relay_server = start_server(relay.store.root)
     try:
-        for name, url in [("origin", server.url), ("relay", relay_server.url)]:
-            out = tmp_path / f"ref-{name}" / "v5.tar"
-            done = run_reference_client(url, 5, out)
+        for name, url, version in [
+            ("origin", server.url, 5),
+            ("origin", server.url, 6),
+            ("relay", relay_server.url, 6),
+        ]:
+            out = tmp_path / f"ref-{name}" / f"v{version}.tar"
+            done = run_reference_client(url, version, out)
             assert done.returncode == 0, done.stderr[-2000:]
+            expected = publisher.store.listed()[version].blake3
             assert blake3.blake3(out.read_bytes()).hexdigest() == expected
     finally:
         relay_server.stop()

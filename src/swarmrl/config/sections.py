@@ -132,6 +132,10 @@ class ShardcastConfig(_Section):
     poll_seconds: float = Field(
         0.2, gt=0, description="how often a relay checks its upstream for new versions"
     )
+    deltas: bool = Field(
+        True,
+        description="workers holding the previous checkpoint fetch the next one as a delta against it (rebuilt, checked by its BLAKE3, the full shards on any trouble); the origin publishes deltas either way",
+    )
 
 
 class TrainerConfig(_Section):

@@ -108,10 +108,13 @@ class WorkerCounts:
 class PolicySource:
     """Fetches announced checkpoints through SHARDCAST into the worker's policy cache."""
 
-    def __init__(self, cache: Path, timeout: float = 10.0) -> None:
+    def __init__(self, cache: Path, timeout: float = 10.0, deltas: bool = True) -> None:
         self.cache = cache
         self.timeout = timeout
+        self.deltas = deltas
         self.bytes_by_server: dict[str, int] = {}
+        # policies fetched by route: "delta" (rebuilt from the one held) or "full"
+        self.fetches: dict[str, int] = {}
 
     def load(self, servers: list[str], checkpoint: api.CheckpointInfo):
         """Fetch, verify and load the announced checkpoint; raises FetchError when the
@@ -124,9 +127,20 @@ class PolicySource:
                 f"checkpoint {checkpoint.step} is listed with BLAKE3 {listed} on "
                 f"{', '.join(servers)}, but the orchestrator announced {checkpoint.blake3}"
             )
-        result = fetch(servers, checkpoint.step, self.cache, timeout=self.timeout)
+        result = fetch(
+            servers, checkpoint.step, self.cache, timeout=self.timeout, deltas=self.deltas
+        )
         for server, n in result.bytes_by_server.items():
             self.bytes_by_server[server] = self.bytes_by_server.get(server, 0) + n
+        self.fetches[result.route] = self.fetches.get(result.route, 0) + 1
+        log.info(
+            "fetched policy %d by %s: %d bytes in %.2f s%s",
+            checkpoint.step,
+            result.route,
+            result.bytes_fetched,
+            result.seconds,
+            f" (delta refused: {result.delta_refused})" if result.delta_refused else "",
+        )
         policy = load_policy(result.path)
         # Older downloads are no longer needed once the newer policy is loaded.
         for old in self.cache.glob("v*"):
@@ -271,7 +285,7 @@ def run_worker(
     home = WorkerHome(Path(workdir))
     home.outbox.mkdir(parents=True, exist_ok=True)
     task = build_task(cfg.task)
-    source = PolicySource(home.policies)
+    source = PolicySource(home.policies, deltas=cfg.shardcast.deltas)
     counts = WorkerCounts()
     model = tok = None
     policy_step = -1  # the policy this worker generates with (and claims)
@@ -307,6 +321,7 @@ def run_worker(
                         "step": meta.step,
                         "policy_step": batch.columns["policy_step"][0],
                         "bytes_by_server": dict(source.bytes_by_server),
+                        "policy_fetches": dict(source.fetches),
                         "gen_seconds": round(batch.gen_seconds, 4),
                         "gen_tokens": batch.gen_tokens,
                         "proof_seconds": round(batch.proof_seconds, 4),

@@ -97,9 +97,11 @@ def download_file(
     on_bytes: Callable[[int], None] | None = None,
     candidates: Sequence[str] = (),
     rng: random.Random | None = None,
+    prefix: str | None = None,
 ) -> TransferStats:
     """Fetch every shard not in ``done`` into the single file ``archive`` and check its BLAKE3.
 
+    ``prefix``: the shards' folder on the servers when it is not ``v<N>`` (a delta's).
     Raises ``IntegrityError`` when the whole file does not match distribution.txt, and
     ``FetchError`` when a shard cannot be fetched.
     """
@@ -132,6 +134,7 @@ def download_file(
         on_shard=shard_finished,
         on_bytes=on_bytes,
         candidates=candidates,
+        prefix=prefix,
     )
     try:
         results = downloader.run([i for i in range(source.entry.num_shards) if i not in done])

@@ -129,6 +129,7 @@ def run_fetch(args: argparse.Namespace) -> int:
             wait_s=args.wait_s,
             progress=not args.quiet,
             unpack_archive=not args.archive_only,
+            deltas=not args.no_deltas,
         )
     except FetchError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -139,6 +140,8 @@ def run_fetch(args: argparse.Namespace) -> int:
         "seconds": round(result.seconds, 3),
         "bytes_by_server": result.bytes_by_server,
         "failures": len(result.failures),
+        "route": result.route,
+        "delta_refused": result.delta_refused,
     }
     print(json.dumps(summary), flush=True)
     return 0
@@ -222,6 +225,11 @@ def register(subparsers) -> None:
         "--archive-only",
         action="store_true",
         help="keep the verified tar as v<N>.tar, do not unpack",
+    )
+    fetch_cmd.add_argument(
+        "--no-deltas",
+        action="store_true",
+        help="always fetch the full shards, even when DEST holds the version a delta is from",
     )
     fetch_cmd.set_defaults(func=run_fetch)
 

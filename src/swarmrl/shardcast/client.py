@@ -11,6 +11,12 @@ How ``fetch`` goes (docs/architecture.md §4.4), one module per step:
    is checked against distribution.txt.
 4. ``unpack``: the tar is extracted into a temporary directory and renamed to
    ``<dest>/v<N>`` (or kept as ``<dest>/v<N>.tar``).
+With ``deltas`` (the default), a client that holds an older version the manifest offers a
+delta from (``v<B>/`` or ``v<B>.tar`` under ``dest``) first tries ``patch``: the delta's
+shards, then the rebuilt file checked against distribution.txt. Anything wrong with that
+(no delta on any server, a base that is not the delta's, a damaged delta, a bomb) is
+logged, recorded in ``FetchResult.delta_refused``, and the full shards are fetched as
+without deltas.
 If a version cannot be completed the error says which shards failed where; if the
 servers stopped listing it meanwhile, ``VersionUnavailableError`` says so and the
 partial download is deleted (it cannot be resumed).
@@ -18,6 +24,7 @@ partial download is deleted (it cannot be resumed).
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import shutil
@@ -26,8 +33,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Literal
 
 from swarmrl.shardcast.assembly import download_file
+from swarmrl.shardcast.delta import DeltaError
 from swarmrl.shardcast.discovery import (
     VersionSource,
     latest_version,
@@ -37,9 +46,12 @@ from swarmrl.shardcast.discovery import (
 )
 from swarmrl.shardcast.downloader import MIN_RATE, TransferStats
 from swarmrl.shardcast.errors import FetchError, IntegrityError, VersionUnavailableError
-from swarmrl.shardcast.layout import ShardInfo, version_dir_name
+from swarmrl.shardcast.layout import LayoutError, ShardInfo, version_dir_name
+from swarmrl.shardcast.patch import fetch_patched, held_base
 from swarmrl.shardcast.resume import DoneLog, archive_path, done_shards, partial_dir
 from swarmrl.shardcast.unpack import unpack
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "MIN_RATE",
@@ -62,6 +74,16 @@ class FetchResult:
     """(shard index, server, reason) for every failed attempt."""
     seconds: float
     resumed_shards: int = 0
+    route: Literal["delta", "full", "held"] = "full"
+    """how the file came: rebuilt from a delta, from the full shards, or already here"""
+    delta_base: int | None = None
+    """the version the delta was taken against (route "delta")"""
+    delta_refused: str | None = None
+    """why a delta that was tried was not used (the full shards were fetched instead)"""
+
+    @property
+    def bytes_fetched(self) -> int:
+        return sum(self.bytes_by_server.values())
 
 
 def fetch(
@@ -78,6 +100,7 @@ def fetch(
     unpack_archive: bool = True,
     on_shard: Callable[[int, ShardInfo], None] | None = None,
     rng: random.Random | None = None,
+    deltas: bool = True,
 ) -> FetchResult:
     """Download, verify and unpack ``version`` (None: the newest listed) into ``dest/v<N>``.
 
@@ -92,11 +115,55 @@ def fetch(
     if not unpack_archive:
         final = final.with_suffix(".tar")
     if final.exists():
-        return FetchResult(final, source.version, {}, [], time.perf_counter() - started)
+        return FetchResult(
+            final, source.version, {}, [], time.perf_counter() - started, route="held"
+        )
+    stats = TransferStats()
+    offered = source.manifest.deltas if deltas and source.manifest is not None else ()
+    held = held_base(dest, offered)
+    refused = None
+    if held is not None:
+        work = dest / f".{version_dir_name(source.version)}.delta"
+        shutil.rmtree(work, ignore_errors=True)
+        try:
+            rebuilt = fetch_patched(
+                source,
+                held[0],
+                held[1],
+                work,
+                stats=stats,
+                concurrency=concurrency,
+                timeout=timeout,
+                min_rate=min_rate,
+                max_attempts=max_attempts,
+                rng=rng,
+            )
+            if unpack_archive:
+                unpack(rebuilt, final)
+            else:
+                os.rename(rebuilt, final)
+            shutil.rmtree(work, ignore_errors=True)
+            return FetchResult(
+                final,
+                source.version,
+                dict(stats.bytes_by_server),
+                list(stats.failures),
+                time.perf_counter() - started,
+                route="delta",
+                delta_base=held[0],
+            )
+        except (DeltaError, FetchError, LayoutError, OSError) as exc:
+            refused = str(exc)
+            log.warning(
+                "v%d: the delta from v%d was not used (%s); fetching the full shards",
+                source.version,
+                held[0],
+                refused,
+            )
+            shutil.rmtree(work, ignore_errors=True)
     partial = partial_dir(dest, source.version)
     archive = archive_path(partial)
     done = done_shards(partial, source)
-    stats = TransferStats()
     try:
         with DoneLog(partial) as done_log, _progress_bar(source, done, progress) as bar:
 
@@ -142,6 +209,7 @@ def fetch(
         list(stats.failures),
         time.perf_counter() - started,
         resumed_shards=len(done),
+        delta_refused=refused,
     )
 
 

@@ -15,6 +15,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from swarmrl.shardcast.delta import DeltaManifest, delta_dir_name
 from swarmrl.shardcast.errors import VersionUnavailableError
 from swarmrl.shardcast.layout import (
     DISTRIBUTION_FILE,
@@ -135,6 +136,46 @@ def _manifest(servers: tuple[str, ...], entry: VersionEntry, timeout: float) -> 
             return candidate
         log.warning("ignoring the manifest from %s: it does not match distribution.txt", server)
     return None
+
+
+def find_delta(
+    servers: tuple[str, ...], full: Manifest, base: int, timeout: float
+) -> tuple[DeltaManifest, VersionSource] | None:
+    """The delta of ``full``'s version from ``base`` that most of ``servers`` hold, as the
+    delta file's own source; None when no server has a usable one.
+
+    Usable: it rebuilds exactly the file ``full`` describes (version, size, hash, all
+    agreeing with distribution.txt) and is smaller than it.
+    """
+    found: dict[DeltaManifest, list[str]] = {}
+    for server in servers:
+        url = f"{server}/{version_dir_name(full.version)}/{delta_dir_name(base)}/{MANIFEST_FILE}"
+        try:
+            candidate = DeltaManifest.from_json(get_bytes(url, timeout))
+        except HttpStatusError:
+            continue  # this server has no such delta (a reference relay, or none was made)
+        except (TransferError, LayoutError) as exc:
+            log.warning("ignoring the delta manifest from %s: %s", server, exc)
+            continue
+        if (
+            candidate.version != full.version
+            or candidate.base != base
+            or candidate.result_blake3 != full.blake3
+            or candidate.result_size != full.file_size
+            or candidate.file.file_size >= full.file_size
+        ):
+            log.warning(
+                "ignoring the delta manifest from %s: it does not rebuild v%d as listed "
+                "or is not smaller than it",
+                server,
+                full.version,
+            )
+            continue
+        found.setdefault(candidate, []).append(server)
+    if not found:
+        return None
+    delta, holders = max(found.items(), key=lambda item: len(item[1]))
+    return delta, VersionSource(delta.file.entry, tuple(holders), delta.file)
 
 
 def still_listed(servers: list[str], source: VersionSource, timeout: float) -> bool:

@@ -112,8 +112,11 @@ class ShardDownloader:
         on_bytes: Callable[[int], None] | None = None,
         candidates: Sequence[str] = (),
         refresh_s: float = 2.0,
+        prefix: str | None = None,
     ) -> None:
         self.source = source
+        # the folder the shards are under on each server: v<N>, or a delta's under it
+        self.prefix = prefix or version_dir_name(source.version)
         self.candidates = [c for c in candidates if c not in source.servers]
         self.refresh_s = refresh_s
         self.chooser = chooser
@@ -205,7 +208,7 @@ class ShardDownloader:
         expected = self.expected_size(index)
         wanted_hash = self.source.manifest.shards[index].blake3 if self.source.manifest else None
         path, offset = self.target(index, index * (self.shard_size or 0))
-        name = f"{version_dir_name(self.source.version)}/{shard_name(index)}"
+        name = f"{self.prefix}/{shard_name(index)}"
         tried: set[str] = set()
         reasons: list[str] = []
         for attempt in range(self.max_attempts):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import blake3
 
+from swarmrl.shardcast.delta import DeltaManifest, delta_dir_name
 from swarmrl.shardcast.layout import MANIFEST_FILE, LayoutError, Manifest, shard_name
 from swarmrl.shardcast.transfer import BUFFER_SIZE
 
@@ -100,16 +102,61 @@ class ShardGuard:
         with self._lock:
             return self._verified.get(path) == state
 
-    def trust(self, version: int, manifest: Manifest) -> None:
-        """Record the shards of ``v<version>`` as verified as they are now (the caller hashed
-        them); shards written too recently to tell a later write apart are hashed on request."""
+    def trust(self, version: int, manifest: Manifest, subdir: str | None = None) -> None:
+        """Record the shards of ``v<version>`` (or of its ``subdir``, a delta) as verified as
+        they are now (the caller hashed them); shards written too recently to tell a later
+        write apart are hashed on request."""
         directory = self.root / f"v{version}"
+        if subdir is not None:
+            directory = directory / subdir
         with self._lock:
             for index in range(len(manifest.shards)):
                 path = directory / shard_name(index)
                 state = _state(path)
                 if _settled(state):
                     self._verified[path] = state
+
+    def check_delta(self, version: int, base: int, index: int) -> ShardCheck:
+        """Whether shard ``index`` of ``v<version>``'s delta from ``v<base>`` holds its delta
+        manifest's bytes. A delta is optional (clients fall back to the full shards), so a
+        damaged one is deleted, not repaired: the answer is then ``NOT_FOUND``."""
+        directory = self.root / f"v{version}" / delta_dir_name(base)
+        path = directory / shard_name(index)
+        if self.is_trusted(path):
+            return ShardCheck.SERVE
+        with self._lock:
+            lock = self._locks.setdefault(path, threading.Lock())
+        with lock:
+            if self.is_trusted(path):
+                return ShardCheck.SERVE
+            try:
+                manifest = DeltaManifest.from_json((directory / MANIFEST_FILE).read_bytes()).file
+                expected = manifest.shards[index] if index < len(manifest.shards) else None
+                state = _state(path)
+            except FileNotFoundError:
+                return ShardCheck.NOT_FOUND
+            except (OSError, LayoutError) as exc:
+                log.warning(
+                    "v%d: the delta from v%d is unreadable (%s); deleting it", version, base, exc
+                )
+                shutil.rmtree(directory, ignore_errors=True)
+                return ShardCheck.NOT_FOUND
+            if expected is None:
+                return ShardCheck.NOT_FOUND
+            digest = hash_span(path) if state[1] == expected.size else "wrong size"
+            if digest != expected.blake3:
+                log.warning(
+                    "v%d: shard %d of the delta from v%d does not match its manifest; deleting the delta",
+                    version,
+                    index + 1,
+                    base,
+                )
+                shutil.rmtree(directory, ignore_errors=True)
+                return ShardCheck.NOT_FOUND
+            if _settled(state) and _state(path) == state:
+                with self._lock:
+                    self._verified[path] = state
+            return ShardCheck.SERVE
 
     def forget(self) -> None:
         """Distrust everything: each shard is hashed again before it is next served."""

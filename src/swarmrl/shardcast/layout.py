@@ -6,6 +6,7 @@ Pure functions only (docs/architecture.md §4.4). A server directory looks like 
     data1.bin                 probe file that clients time to seed their bandwidth estimate
     v<N>/shard_00001.bin ...  consecutive byte slices of the version's file (1-based, 5 digits)
     v<N>/manifest.json        ours, optional: per-shard sizes and BLAKE3 hashes
+    v<N>/delta-from-<B>/      ours, optional: v<N> as a delta against v<B> (``delta.py``)
 
 ``distribution.txt`` keeps the reference line format byte for byte so the reference
 ``shardcast`` 0.3.2 client can read it; everything it lacks (per-shard hashes, the shard
@@ -116,6 +117,8 @@ class Manifest:
     blake3: str
     shards: tuple[ShardInfo, ...]
     archive: str = ARCHIVE_FORMAT
+    deltas: tuple[int, ...] = ()
+    """older versions this server also has ``v<N>/delta-from-<B>/`` for"""
 
     def __post_init__(self) -> None:
         if self.shard_size <= 0 or self.file_size < 0:
@@ -139,24 +142,28 @@ class Manifest:
                 )
         if not _HEX64.match(self.blake3):
             raise LayoutError(f"manifest v{self.version}: file hash is not 64 lowercase hex digits")
+        if any(not 0 <= base < self.version for base in self.deltas) or len(self.deltas) > 64:
+            raise LayoutError(
+                f"manifest v{self.version}: deltas must name at most 64 older versions"
+            )
 
     @property
     def entry(self) -> VersionEntry:
         return VersionEntry(self.version, self.blake3, len(self.shards))
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "format": MANIFEST_FORMAT,
-                "version": self.version,
-                "archive": self.archive,
-                "file_size": self.file_size,
-                "shard_size": self.shard_size,
-                "blake3": self.blake3,
-                "shards": [{"size": s.size, "blake3": s.blake3} for s in self.shards],
-            },
-            indent=1,
-        )
+        fields = {
+            "format": MANIFEST_FORMAT,
+            "version": self.version,
+            "archive": self.archive,
+            "file_size": self.file_size,
+            "shard_size": self.shard_size,
+            "blake3": self.blake3,
+            "shards": [{"size": s.size, "blake3": s.blake3} for s in self.shards],
+        }
+        if self.deltas:
+            fields["deltas"] = list(self.deltas)
+        return json.dumps(fields, indent=1)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Manifest:
@@ -175,6 +182,7 @@ class Manifest:
                 blake3=str(raw["blake3"]),
                 shards=tuple(ShardInfo(int(s["size"]), str(s["blake3"])) for s in raw["shards"]),
                 archive=str(raw.get("archive", ARCHIVE_FORMAT)),
+                deltas=tuple(int(b) for b in raw.get("deltas", ())),
             )
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as exc:
             if isinstance(exc, LayoutError):

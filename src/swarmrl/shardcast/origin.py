@@ -14,28 +14,42 @@ Decisions:
   The state lives in the root itself, so a restarted origin carries on.
 - The newest ``keep`` versions stay listed; older ones are delisted and deleted after
   ``grace_s`` seconds (see ``store.VersionStore``).
+- With ``deltas`` (the default), a version is also published as a delta against the
+  newest version listed before it (``v<N>/delta-from-<B>/``, ``delta.py``), built in the
+  same staging directory, so it appears with the version in one rename. The manifest's
+  ``deltas`` names it. A delta that would not be smaller than the file is not published.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import shutil
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 import blake3
 
+from swarmrl.shardcast.archive import write_archive
+from swarmrl.shardcast.delta import (
+    BLOCK_SIZE,
+    DeltaManifest,
+    delta_dir_name,
+    encode,
+    sharded_reader,
+)
 from swarmrl.shardcast.layout import (
     DEFAULT_SHARD_SIZE,
     MANIFEST_FILE,
+    LayoutError,
     Manifest,
     ShardInfo,
     shard_name,
 )
 from swarmrl.shardcast.store import VersionStore, atomic_write
 
-_COPY_BUFFER = 4 << 20
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -85,33 +99,6 @@ class _ShardWriter:
         self._finish_shard()
 
 
-def _normalized(info: tarfile.TarInfo) -> tarfile.TarInfo:
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    info.mtime = 0
-    return info
-
-
-def write_archive(checkpoint_dir: Path, out) -> None:
-    """Write the deterministic tar of ``checkpoint_dir`` (regular files and folders) to ``out``."""
-    checkpoint_dir = Path(checkpoint_dir)
-    with tarfile.open(
-        fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, bufsize=_COPY_BUFFER
-    ) as tar:
-        tar.copybufsize = _COPY_BUFFER  # type: ignore[attr-defined]  # TarFile reads it; typeshed lacks it
-        for path in sorted(checkpoint_dir.rglob("*")):
-            if not (path.is_file() or path.is_dir()) or path.is_symlink():
-                raise ValueError(f"{path}: a checkpoint may hold only regular files and folders")
-            info = _normalized(
-                tar.gettarinfo(str(path), arcname=path.relative_to(checkpoint_dir).as_posix())
-            )
-            if path.is_file():
-                with open(path, "rb") as f:
-                    tar.addfile(info, f)
-            else:
-                tar.addfile(info)
-
-
 class Origin:
     """Publishes checkpoints into ``root`` (serve it with ``server.start_server``)."""
 
@@ -121,12 +108,16 @@ class Origin:
         keep: int = 3,
         shard_size: int = DEFAULT_SHARD_SIZE,
         grace_s: float = 300.0,
+        deltas: bool = True,
+        delta_block: int = BLOCK_SIZE,
     ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.store = VersionStore(root, grace_s=grace_s)
         self.keep = keep
         self.shard_size = shard_size
+        self.deltas = deltas
+        self.delta_block = delta_block
         for stale in self.store.root.glob(".staging-*"):
             shutil.rmtree(stale, ignore_errors=True)
 
@@ -166,6 +157,11 @@ class Origin:
                 blake3=writer.file_hash.hexdigest(),
                 shards=tuple(writer.shards),
             )
+            older = [v for v in listed if v < version]
+            if self.deltas and older and version not in listed:
+                base = max(older)
+                if self._write_delta(staging, manifest, base) is not None:
+                    manifest = dataclasses.replace(manifest, deltas=(base,))
             if version in listed:
                 if listed[version] != manifest.entry:
                     raise ValueError(
@@ -182,6 +178,61 @@ class Origin:
         entries = sorted([*listed.values(), manifest.entry], key=lambda e: e.version)[-self.keep :]
         self.store.announce(entries)
         return manifest
+
+    def _write_delta(self, staging: Path, result: Manifest, base: int) -> DeltaManifest | None:
+        """Write ``staging/delta-from-<base>/``; None (and nothing written) when the base's
+        manifest is unreadable or the delta would not be smaller than the file."""
+        base_dir = self.store.version_dir(base)
+        try:
+            base_manifest = Manifest.from_json((base_dir / MANIFEST_FILE).read_bytes())
+        except (OSError, LayoutError) as exc:
+            log.warning(
+                "v%d is published without a delta: v%d's manifest: %s", result.version, base, exc
+            )
+            return None
+        directory = staging / delta_dir_name(base)
+        directory.mkdir()
+        writer = _ShardWriter(directory, self.shard_size)
+        try:
+            frames = encode(
+                sharded_reader(staging, result),
+                result.file_size,
+                sharded_reader(base_dir, base_manifest),
+                base_manifest.file_size,
+                writer,
+                block_size=self.delta_block,
+            )
+        except (
+            OSError
+        ) as exc:  # a base shard missing from the store: no delta, the version still goes out
+            log.warning("v%d is published without a delta: v%d: %s", result.version, base, exc)
+            writer.close()
+            shutil.rmtree(directory)
+            return None
+        writer.close()
+        if writer.size >= result.file_size:
+            shutil.rmtree(directory)
+            return None
+        delta = DeltaManifest(
+            version=result.version,
+            base=base,
+            base_blake3=base_manifest.blake3,
+            base_size=base_manifest.file_size,
+            result_blake3=result.blake3,
+            result_size=result.file_size,
+            block_size=self.delta_block,
+            frames=tuple(frames),
+            file=Manifest(
+                result.version,
+                writer.size,
+                self.shard_size,
+                writer.file_hash.hexdigest(),
+                tuple(writer.shards),
+                archive="delta",
+            ),
+        )
+        atomic_write(directory / MANIFEST_FILE, delta.to_json().encode())
+        return delta
 
     def prune(self) -> list[int]:
         """Delete delisted versions whose grace period is over (publish does this too)."""

@@ -10,7 +10,10 @@ the staging directory to ``v<N>`` and announces it. Its distribution.txt lists e
 the versions that an upstream still lists and that it holds completely. A version the
 upstreams dropped is delisted at once and deleted after ``grace_s`` seconds. Shards that
 survive in a staging directory after a restart are re-hashed and kept (resume).
-Relays chain: a relay's upstream can be another relay.
+Relays chain: a relay's upstream can be another relay. The deltas the upstream manifest
+lists (``v<N>/delta-from-<B>/``) are mirrored the same way, before the version is
+installed; one that cannot be had is left out of the relay's manifest, and the version
+goes out with its full shards only.
 
 The relay does not trust its own store: its ``guard`` (serve it with
 ``start_server(root, guard=relay.guard)``) checks every shard against the manifest
@@ -18,11 +21,13 @@ before it is served, once per state of the file and again every ``rehash_s`` sec
 A shard that fails is deleted and fetched again from upstream at once (``heal``); a
 version whose manifest is missing or unreadable is dropped and mirrored again. Clients
 get ``503`` for that shard meanwhile and retry, so one corrupted file costs a retry,
-not the swarm's progress.
+not the swarm's progress. A damaged delta shard is not repaired: the guard deletes the
+delta (it is optional) and clients take the full shards.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -34,8 +39,10 @@ from typing import Literal
 import blake3
 
 from swarmrl.shardcast.choice import ServerChooser, probe_servers
+from swarmrl.shardcast.delta import DeltaManifest, delta_dir_name
 from swarmrl.shardcast.discovery import (
     VersionSource,
+    find_delta,
     normalize_server,
     read_distributions,
     resolve_version,
@@ -50,6 +57,7 @@ from swarmrl.shardcast.layout import (
     ShardInfo,
     VersionEntry,
     shard_name,
+    version_dir_name,
 )
 from swarmrl.shardcast.store import VersionStore, atomic_write
 
@@ -146,7 +154,9 @@ class Relay:
         self.store.announce(sorted(held.values(), key=lambda e: e.version))
         return added
 
-    def _downloader(self, source: VersionSource, target: ShardTarget) -> ShardDownloader:
+    def _downloader(
+        self, source: VersionSource, target: ShardTarget, prefix: str | None = None
+    ) -> ShardDownloader:
         chooser = ServerChooser(list(source.servers))
         probe_servers(chooser, self.timeout)
         return ShardDownloader(
@@ -157,6 +167,7 @@ class Relay:
             timeout=self.timeout,
             max_attempts=self.max_attempts,
             stats=self.stats,
+            prefix=prefix,
         )
 
     def _mirror(self, version: int) -> Manifest:
@@ -168,11 +179,53 @@ class Relay:
             [i for i in range(source.entry.num_shards) if i not in done]
         )
         manifest = self._check_whole(staging, source)
+        deltas = [
+            d
+            for d in (self._mirror_delta(staging, source, manifest, b) for b in manifest.deltas)
+            if d
+        ]
+        manifest = dataclasses.replace(manifest, deltas=tuple(d.base for d in deltas))
         atomic_write(staging / MANIFEST_FILE, manifest.to_json().encode())
         self.store.install(version, staging)
         self.guard.trust(version, manifest)
+        for delta in deltas:
+            self.guard.trust(version, delta.file, delta_dir_name(delta.base))
         log.info("relay now holds v%d (%d shards)", version, source.entry.num_shards)
         return manifest
+
+    def _mirror_delta(
+        self, staging: Path, source: VersionSource, manifest: Manifest, base: int
+    ) -> DeltaManifest | None:
+        """Mirror ``v<N>/delta-from-<base>/`` into ``staging``; None (nothing kept) when the
+        upstreams have no usable one or it cannot be fetched: the version goes out without it."""
+        directory = staging / delta_dir_name(base)
+        try:
+            found = find_delta(source.servers, manifest, base, self.timeout)
+            if found is None:
+                log.info("v%d: no upstream has a usable delta from v%d", source.version, base)
+                return None
+            delta, delta_source = found
+            directory.mkdir(exist_ok=True)
+            self._downloader(
+                delta_source,
+                lambda index, _: (directory / shard_name(index), 0),
+                prefix=f"{version_dir_name(source.version)}/{delta_dir_name(base)}",
+            ).run(list(range(delta_source.entry.num_shards)))
+            whole = blake3.blake3()
+            for index in range(delta_source.entry.num_shards):
+                with open(directory / shard_name(index), "rb") as f:
+                    while chunk := f.read(8 << 20):
+                        whole.update(chunk)
+            if whole.hexdigest() != delta.file.blake3:
+                raise FetchError(
+                    f"the delta's shards hash to {whole.hexdigest()}, not {delta.file.blake3}"
+                )
+            atomic_write(directory / MANIFEST_FILE, delta.to_json().encode())
+            return delta
+        except (FetchError, OSError, LayoutError) as exc:
+            log.warning("v%d goes out without its delta from v%d: %s", source.version, base, exc)
+            shutil.rmtree(directory, ignore_errors=True)
+            return None
 
     def _verified_shards(self, staging: Path, source: VersionSource) -> set[int]:
         if source.manifest is None:

@@ -1,7 +1,7 @@
 """Serve a SHARDCAST root directory over HTTP (aiohttp, kernel sendfile, Range requests).
 
 Only the layout's names are routed (distribution.txt, data1.bin, v<N>/shard_NNNNN.bin,
-v<N>/manifest.json), so no request can reach any other file under the root or above it.
+v<N>/manifest.json, and the same two under v<N>/delta-from-<B>/), so no request can reach any other file under the root or above it.
 File bodies go out through aiohttp's ``FileResponse``, which uses ``loop.sendfile`` (the
 kernel copies page cache to socket) and answers ``Range`` with 206. The server binds to
 127.0.0.1 unless told otherwise. It counts what it serves: ``GET /stats.json`` or
@@ -23,6 +23,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from swarmrl.shardcast.delta import delta_dir_name
 from swarmrl.shardcast.integrity import ShardCheck, ShardGuard
 from swarmrl.shardcast.layout import DISTRIBUTION_FILE, MANIFEST_FILE, PROBE_FILE, shard_index
 
@@ -119,6 +120,23 @@ def make_app(root: Path, stats: ServerStats, guard: ShardGuard | None = None) ->
                 )
         return await send(request, path, index is not None)
 
+    async def delta_file(request: web.Request) -> web.StreamResponse:
+        """``v<N>/delta-from-<B>/``: its manifest and shards (no guard: 404 when absent)."""
+        name = request.match_info["name"]
+        version, base = int(request.match_info["version"]), int(request.match_info["base"])
+        index = shard_index(name)
+        path = root / f"v{version}" / delta_dir_name(base) / name
+        if index is None and name != MANIFEST_FILE:
+            raise web.HTTPNotFound()
+        if index is not None and guard is not None and not guard.is_trusted(path):
+            loop = asyncio.get_running_loop()
+            verdict = await loop.run_in_executor(None, guard.check_delta, version, base, index)
+            if verdict is not ShardCheck.SERVE:
+                raise web.HTTPNotFound()
+        if not path.is_file():
+            raise web.HTTPNotFound()
+        return await send(request, path, index is not None)
+
     async def stats_json(request: web.Request):
         return web.Response(text=json.dumps(stats.as_dict()), content_type="application/json")
 
@@ -127,6 +145,7 @@ def make_app(root: Path, stats: ServerStats, guard: ShardGuard | None = None) ->
     app.router.add_get(f"/{PROBE_FILE}", probe)
     app.router.add_get("/stats.json", stats_json)
     app.router.add_get(r"/v{version:\d+}/{name}", version_file)
+    app.router.add_get(r"/v{version:\d+}/delta-from-{base:\d+}/{name}", delta_file)
     return app
 
 
