@@ -134,7 +134,7 @@ class ShardcastConfig(_Section):
     )
     deltas: bool = Field(
         True,
-        description="workers holding the previous checkpoint fetch the next one as a delta against it (rebuilt, checked by its BLAKE3, the full shards on any trouble); the origin publishes deltas either way",
+        description="workers holding the previous checkpoint fetch the next one as a delta against it (rebuilt, checked by its BLAKE3, the full shards on any trouble); off: the trainer's origin publishes none and workers fetch full shards",
     )
 
 

@@ -178,6 +178,7 @@ class Trainer:
                 self.folder.shardcast / "origin",
                 keep=max(cfg.shardcast.keep, cfg.async_level + 1),
                 shard_size=cfg.shardcast.shard_size,
+                deltas=cfg.shardcast.deltas,
             )
         if client is not None and client.identity is not None:
             # Registered with the origin's URL, and alive to the orchestrator between
