@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -350,9 +351,36 @@ def _still_running(procs: dict[int, str]) -> list[int]:
     return alive
 
 
-@pytest.mark.slow
-def test_sigterm_stops_every_process_of_the_run(tmp_path, warm_model_dir):
-    out = tmp_path / "outputs"
+# The flags of the run stopped by SIGTERM; the run-name test starts the same run on
+# another model in its folder.
+STOPPED_RUN = [
+    "--run_name",
+    "s",
+    "--trainer.steps",
+    "50",
+    "--eval_before",
+    "false",
+    "--validator.fraction",
+    "1",
+    *SMALL,
+]
+
+
+@dataclass
+class StoppedRun:
+    """What the SIGTERM test saw of one run stopped mid-way (the run-name test then
+    reuses its folder, which a stopped run leaves as a finished one would)."""
+
+    out: Path
+    commands: list[bytes]  # the run's process tree when the signal went
+    left_running: list[bytes]  # those still running 10 s after it
+    code: int
+    stderr: str
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory, warm_model_dir) -> StoppedRun:
+    out = tmp_path_factory.mktemp("stopped") / "outputs"
     run = subprocess.Popen(
         [
             sys.executable,
@@ -363,15 +391,7 @@ def test_sigterm_stops_every_process_of_the_run(tmp_path, warm_model_dir):
             str(warm_model_dir),
             "--output_dir",
             str(out),
-            "--run_name",
-            "s",
-            "--trainer.steps",
-            "50",
-            "--eval_before",
-            "false",
-            "--validator.fraction",
-            "1",
-            *SMALL,
+            *STOPPED_RUN,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -386,20 +406,16 @@ def test_sigterm_stops_every_process_of_the_run(tmp_path, warm_model_dir):
             time.sleep(0.5)
         tree = _descendants(run.pid)
         commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in tree]
-        assert sum(b"spawn_main" in c for c in commands) >= 2  # the workers' proof processes
-        assert sum(b"resource_tracker" in c for c in commands) >= 2
         run.send_signal(signal.SIGTERM)
-        time.sleep(10)
-        assert _still_running(tree) == [], [
-            Path(f"/proc/{p}/cmdline").read_bytes() for p in _still_running(tree)
-        ]
+        # Every process must be gone within 10 s of the signal; look until they are.
+        deadline = time.time() + 10
+        while _still_running(tree) and time.time() < deadline:
+            time.sleep(0.2)
+        left = [Path(f"/proc/{p}/cmdline").read_bytes() for p in _still_running(tree)]
         # `swarmrl run` itself exits once it has printed how to resume (on a loaded
         # machine the interpreter's own teardown can take a few seconds more).
         code = run.wait(timeout=30)
-        message = run.stderr.read()
-        assert code == 128 + signal.SIGTERM, (code, message[-2000:])
-        assert "stopped by SIGTERM: every process of the run has exited" in message
-        assert "run the same command again to resume" in message
+        return StoppedRun(out, commands, left, code, run.stderr.read())
     finally:
         if run.poll() is None:
             run.kill()
@@ -408,26 +424,27 @@ def test_sigterm_stops_every_process_of_the_run(tmp_path, warm_model_dir):
 
 
 @pytest.mark.slow
-def test_a_run_name_holding_another_model_is_refused_and_left_untouched(tmp_path, warm_model_dir):
-    out = tmp_path / "outputs"
-    common = ["--output_dir", str(out), "--run_name", "same", "--eval_before", "false"]
-    first = _swarmrl(
-        "run",
-        "--model.path",
-        str(warm_model_dir),
-        "--trainer.steps",
-        "1",
-        "--eval_after",
-        "false",
-        "--validator.fraction",
-        "0",
-        *common,
-        *SMALL,
-        timeout=400,
-    )
-    assert first.returncode == 0, first.stderr[-3000:]
+@pytest.mark.xdist_group("stopped_run")
+def test_sigterm_stops_every_process_of_the_run(stopped_run):
+    commands = stopped_run.commands
+    assert sum(b"spawn_main" in c for c in commands) >= 2  # the workers' proof processes
+    assert sum(b"resource_tracker" in c for c in commands) >= 2
+    assert stopped_run.left_running == []
+    message = stopped_run.stderr
+    assert stopped_run.code == 128 + signal.SIGTERM, (stopped_run.code, message[-2000:])
+    assert "stopped by SIGTERM: every process of the run has exited" in message
+    assert "run the same command again to resume" in message
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("stopped_run")
+def test_a_run_name_holding_another_model_is_refused_and_left_untouched(
+    tmp_path, stopped_run, warm_model_dir
+):
+    out = stopped_run.out
+    assert (out / "s" / "config.json").is_file()  # the run the folder holds
     before = {
-        p: (p.stat().st_mtime_ns, p.read_bytes()) for p in (out / "same").rglob("*") if p.is_file()
+        p: (p.stat().st_mtime_ns, p.read_bytes()) for p in (out / "s").rglob("*") if p.is_file()
     }
     other = tmp_path / "other-model"  # another start model: the same architecture, fresh weights
     tok = build_char_tokenizer()
@@ -443,14 +460,14 @@ def test_a_run_name_holding_another_model_is_refused_and_left_untouched(tmp_path
         )
     ).save_pretrained(other)
     tok.save_pretrained(other)
-    second = _swarmrl("run", "--model.path", str(other), "--trainer.steps", "3", *common, *SMALL)
+    second = _swarmrl("run", "--model.path", str(other), "--output_dir", str(out), *STOPPED_RUN)
     assert second.returncode == 1
     lines = second.stderr.strip().splitlines()
     assert len(lines) == 1, second.stderr
     assert f'model.path: "{warm_model_dir.resolve()}" -> "{other.resolve()}"' in lines[0]
     assert "--run_name" in lines[0] and "--fresh" in lines[0]
     after = {
-        p: (p.stat().st_mtime_ns, p.read_bytes()) for p in (out / "same").rglob("*") if p.is_file()
+        p: (p.stat().st_mtime_ns, p.read_bytes()) for p in (out / "s").rglob("*") if p.is_file()
     }
     assert after == before
 
