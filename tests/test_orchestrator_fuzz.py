@@ -118,6 +118,7 @@ def test_request_models_parse_or_refuse(model, edits, honest):
         model.model_validate_json(data)
 
 
+@pytest.mark.slow  # 40 signed requests per case to a live orchestrator
 @pytest.mark.parametrize("endpoint", ENDPOINTS, ids=lambda e: e[1])
 @FUZZ
 @given(edits=EDITS)
@@ -128,6 +129,7 @@ def test_mutated_bodies_never_crash_the_server(pool, endpoint, edits):
     assert r.status_code < 500, r.text
 
 
+@pytest.mark.slow  # 40 signed requests per case to a live orchestrator
 @pytest.mark.parametrize("endpoint", ENDPOINTS, ids=lambda e: e[1])
 @FUZZ
 @given(
@@ -162,6 +164,7 @@ def test_wrong_field_values_never_crash_the_server(pool, endpoint, fields):
     assert r.status_code < 500, r.text
 
 
+@pytest.mark.slow  # 40 signed requests per case to a live orchestrator
 @FUZZ
 @given(
     header=st.sampled_from(["X-Pool", "X-Address", "X-Timestamp", "X-Nonce", "X-Signature"]),
@@ -178,6 +181,7 @@ def test_mutated_signature_headers_never_crash_the_server(pool, header, value):
     assert r.status_code in (401, 404, 426), r.text
 
 
+@pytest.mark.slow  # 40 signed requests per case to a live orchestrator
 @FUZZ
 @given(
     query=st.text(max_size=40),
@@ -192,6 +196,7 @@ def test_mutated_paths_never_crash_the_server(pool, query, segment, tail):
     assert r.status_code < 500, r.text
 
 
+@pytest.mark.slow  # 40 signed requests per case to a live orchestrator
 @FUZZ
 @given(edits=EDITS)
 def test_mutated_rollout_files_never_crash_the_server(pool, edits):

@@ -195,6 +195,7 @@ def test_a_run_name_that_is_no_folder_name_is_refused(name):
         config_from_args(build_parser().parse_args(["run", "--run_name", name]))
 
 
+@pytest.mark.slow
 def test_config_given_a_directory_is_one_line(tmp_path):
     proc = _swarmrl("run", "--config", str(tmp_path), "--output_dir", str(tmp_path / "o"))
     assert proc.returncode == 2
@@ -217,6 +218,7 @@ def test_a_model_dir_with_a_broken_config_is_one_line(tmp_path, content, why):
     assert why in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_run_with_a_broken_model_config_says_so_in_one_line(tmp_path):
     model = tmp_path / "model"
     model.mkdir()
@@ -228,6 +230,7 @@ def test_run_with_a_broken_model_config_says_so_in_one_line(tmp_path):
     assert not (tmp_path / "o").exists()  # a refused run leaves nothing behind
 
 
+@pytest.mark.slow
 def test_validate_a_missing_file_is_one_line(tmp_path):
     missing = tmp_path / "nope.parquet"
     proc = _swarmrl("validate", str(missing))

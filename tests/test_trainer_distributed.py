@@ -171,7 +171,8 @@ def reference(model_dir) -> dict:
 
 @pytest.fixture(scope="module")
 def two_ranks(model_dir, tmp_path_factory) -> Path:
-    """All 2-rank runs in one pair of real processes (gloo over loopback)."""
+    """All 2-rank runs in one pair of real processes (gloo over loopback). Its tests
+    carry xdist_group("two_ranks"), so one xdist worker runs them and builds this once."""
     out = tmp_path_factory.mktemp("ranks")
     runs = [
         ("2x1", None, False, "fp32"),
@@ -208,6 +209,7 @@ def test_one_rank_four_micro_batches_matches_one_pass(model_dir, reference):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("two_ranks")
 def test_two_ranks_match_one_process(two_ranks, reference):
     for name in ("2x1", "2x2"):
         run = torch.load(two_ranks / name, weights_only=False)
@@ -217,6 +219,7 @@ def test_two_ranks_match_one_process(two_ranks, reference):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("two_ranks")
 def test_bf16_compute_keeps_fp32_master_weights_close_to_fp32(two_ranks, reference, model_dir):
     run = torch.load(two_ranks / "bf16", weights_only=False)
     assert all(w.dtype == torch.float32 for w in run["weights"].values())
@@ -231,6 +234,7 @@ def test_bf16_compute_keeps_fp32_master_weights_close_to_fp32(two_ranks, referen
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("two_ranks")
 def test_per_rank_normalization_does_not_match(two_ranks, reference):
     run = torch.load(two_ranks / "mutant", weights_only=False)
     assert not _agrees(run, reference)
@@ -238,6 +242,7 @@ def test_per_rank_normalization_does_not_match(two_ranks, reference):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("two_ranks")
 def test_state_saved_at_two_ranks_resumes_in_one_process(two_ranks, model_dir):
     saved = torch.load(two_ranks / "2x1", weights_only=False)
     model, tok = load_policy(model_dir)
