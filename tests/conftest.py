@@ -1,12 +1,14 @@
 """Shared fixtures: tiny real models built on the fly (no downloads), and the suite's
 order: the slow tests start first.
 
-Under pytest-xdist (`--dist loadgroup`, see pyproject.toml) each worker takes the next
-test as it frees up, so the wall time is set by whichever worker finishes last. Started
-first, the minute-long whole-swarm tests overlap each other and the many short tests
-fill in behind them; collected in file order they would come last and leave one worker
-running the chaos test alone. Tests that share an expensive module fixture carry one
-`xdist_group` mark, so one worker runs them together and builds it once.
+Under pytest-xdist (`--dist load --maxschedchunk 1`, see pyproject.toml) each worker
+takes the next test as it frees up, so the wall time is set by whichever worker finishes
+last. Started first, the minute-long whole-swarm tests overlap each other and the many
+short tests fill in behind them; collected in file order they would come last and leave
+one worker running the chaos test alone. An expensive result that tests on different
+workers share is built once per run by `helpers.built_once`. (`xdist_group` cannot do
+it here: xdist 3.8 tags grouped tests through `Node._nodeid`, which pytest 9.2 no
+longer reads, so the groups are silently ignored.)
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from rich.console import Console
 from sqlalchemy import select
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from helpers import built_once
 from swarmrl.backoff import backoff_delay
 from swarmrl.cli import build_parser
 from swarmrl.config import (
@@ -375,15 +376,16 @@ class StoppedRun:
     reuses its folder, which a stopped run leaves as a finished one would)."""
 
     out: Path
-    commands: list[bytes]  # the run's process tree when the signal went
-    left_running: list[bytes]  # those still running 10 s after it
+    commands: list[str]  # the run's process tree when the signal went
+    left_running: list[str]  # those still running 10 s after it
     code: int
     stderr: str
 
 
-@pytest.fixture(scope="module")
-def stopped_run(tmp_path_factory, warm_model_dir) -> StoppedRun:
-    out = tmp_path_factory.mktemp("stopped") / "outputs"
+def _stop_a_run(folder: Path, model_dir: Path) -> None:
+    """Start a run, SIGTERM it once its workers have written files, and write down in
+    `folder`/seen.json what happened."""
+    out = folder / "outputs"
     run = subprocess.Popen(
         [
             sys.executable,
@@ -391,7 +393,7 @@ def stopped_run(tmp_path_factory, warm_model_dir) -> StoppedRun:
             "swarmrl",
             "run",
             "--model.path",
-            str(warm_model_dir),
+            str(model_dir),
             "--output_dir",
             str(out),
             *STOPPED_RUN,
@@ -400,6 +402,10 @@ def stopped_run(tmp_path_factory, warm_model_dir) -> StoppedRun:
         stderr=subprocess.PIPE,
         text=True,
     )
+
+    def cmdline(pid: int) -> str:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+
     try:
         # Wait until the workers have written files: each then has its proof process
         # and multiprocessing's resource tracker (grandchildren of `swarmrl run`).
@@ -408,17 +414,18 @@ def stopped_run(tmp_path_factory, warm_model_dir) -> StoppedRun:
             assert run.poll() is None and time.time() < deadline, run.stderr.read()[-3000:]
             time.sleep(0.5)
         tree = _descendants(run.pid)
-        commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in tree]
+        commands = [cmdline(pid) for pid in tree]
         run.send_signal(signal.SIGTERM)
         # Every process must be gone within 10 s of the signal; look until they are.
         deadline = time.time() + 10
         while _still_running(tree) and time.time() < deadline:
             time.sleep(0.2)
-        left = [Path(f"/proc/{p}/cmdline").read_bytes() for p in _still_running(tree)]
+        left = [cmdline(p) for p in _still_running(tree)]
         # `swarmrl run` itself exits once it has printed how to resume (on a loaded
         # machine the interpreter's own teardown can take a few seconds more).
         code = run.wait(timeout=30)
-        return StoppedRun(out, commands, left, code, run.stderr.read())
+        seen = {"commands": commands, "left_running": left, "code": code}
+        (folder / "seen.json").write_text(json.dumps(seen | {"stderr": run.stderr.read()}))
     finally:
         if run.poll() is None:
             run.kill()
@@ -426,12 +433,18 @@ def stopped_run(tmp_path_factory, warm_model_dir) -> StoppedRun:
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory, warm_model_dir) -> StoppedRun:
+    """One stopped run per test run, whichever xdist workers its two tests land on."""
+    folder = built_once(tmp_path_factory, "stopped-run", lambda f: _stop_a_run(f, warm_model_dir))
+    return StoppedRun(out=folder / "outputs", **json.loads((folder / "seen.json").read_text()))
+
+
 @pytest.mark.slow
-@pytest.mark.xdist_group("stopped_run")
 def test_sigterm_stops_every_process_of_the_run(stopped_run):
     commands = stopped_run.commands
-    assert sum(b"spawn_main" in c for c in commands) >= 2  # the workers' proof processes
-    assert sum(b"resource_tracker" in c for c in commands) >= 2
+    assert sum("spawn_main" in c for c in commands) >= 2  # the workers' proof processes
+    assert sum("resource_tracker" in c for c in commands) >= 2
     assert stopped_run.left_running == []
     message = stopped_run.stderr
     assert stopped_run.code == 128 + signal.SIGTERM, (stopped_run.code, message[-2000:])
@@ -440,7 +453,6 @@ def test_sigterm_stops_every_process_of_the_run(stopped_run):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("stopped_run")
 def test_a_run_name_holding_another_model_is_refused_and_left_untouched(
     tmp_path, stopped_run, warm_model_dir
 ):

@@ -28,6 +28,7 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
+from helpers import built_once
 from swarmrl.checkpoints import checkpoint_dir, list_checkpoints, load_policy
 from swarmrl.identity import Identity
 from swarmrl.orchestrator import OrchestratorConfig, OrchestratorThread
@@ -152,15 +153,18 @@ def _agrees(run: dict, ref: dict) -> bool:
     )
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
+def _save_model(folder: Path) -> None:
     from helpers import random_model
 
     model, tok = random_model("qwen2", hidden=64, layers=2, seed=3)
-    path = tmp_path_factory.mktemp("qwen2") / "model"
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """One model for the whole run: the 2-rank runs, built once, start from its files."""
+    return built_once(tmp_path_factory, "qwen2-model", _save_model)
 
 
 @pytest.fixture(scope="module")
@@ -171,22 +175,24 @@ def reference(model_dir) -> dict:
 
 @pytest.fixture(scope="module")
 def two_ranks(model_dir, tmp_path_factory) -> Path:
-    """All 2-rank runs in one pair of real processes (gloo over loopback). Its tests
-    carry xdist_group("two_ranks"), so one xdist worker runs them and builds this once."""
-    out = tmp_path_factory.mktemp("ranks")
+    """All 2-rank runs in one pair of real processes (gloo over loopback), once per test
+    run: the xdist workers that run its tests share them."""
     runs = [
         ("2x1", None, False, "fp32"),
         ("2x2", 2, False, "fp32"),
         ("bf16", 2, False, "bf16"),
         ("mutant", None, True, "fp32"),
     ]
-    mp.start_processes(
-        _rank_main,
-        args=(2, _free_port(), str(model_dir), str(out), runs),
-        nprocs=2,
-        start_method="spawn",
-    )
-    return out
+
+    def start(out: Path) -> None:
+        mp.start_processes(
+            _rank_main,
+            args=(2, _free_port(), str(model_dir), str(out), runs),
+            nprocs=2,
+            start_method="spawn",
+        )
+
+    return built_once(tmp_path_factory, "two-ranks", start)
 
 
 def test_micro_batches_cover_each_sample_once_with_equal_counts_per_rank():
@@ -209,7 +215,6 @@ def test_one_rank_four_micro_batches_matches_one_pass(model_dir, reference):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("two_ranks")
 def test_two_ranks_match_one_process(two_ranks, reference):
     for name in ("2x1", "2x2"):
         run = torch.load(two_ranks / name, weights_only=False)
@@ -219,7 +224,6 @@ def test_two_ranks_match_one_process(two_ranks, reference):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("two_ranks")
 def test_bf16_compute_keeps_fp32_master_weights_close_to_fp32(two_ranks, reference, model_dir):
     run = torch.load(two_ranks / "bf16", weights_only=False)
     assert all(w.dtype == torch.float32 for w in run["weights"].values())
@@ -234,7 +238,6 @@ def test_bf16_compute_keeps_fp32_master_weights_close_to_fp32(two_ranks, referen
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("two_ranks")
 def test_per_rank_normalization_does_not_match(two_ranks, reference):
     run = torch.load(two_ranks / "mutant", weights_only=False)
     assert not _agrees(run, reference)
@@ -242,7 +245,6 @@ def test_per_rank_normalization_does_not_match(two_ranks, reference):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("two_ranks")
 def test_state_saved_at_two_ranks_resumes_in_one_process(two_ranks, model_dir):
     saved = torch.load(two_ranks / "2x1", weights_only=False)
     model, tok = load_policy(model_dir)
