@@ -106,6 +106,7 @@ def _file(cfg, task, worker, cheat, model_dir: Path, path: Path):
     return work
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", [None, *KINDS])
 def test_a_cheater_is_caught_slashed_and_ejected(kind, setting, warm_model_dir, tmp_path):
     cfg, task = setting
@@ -172,6 +173,7 @@ def test_a_cheater_is_caught_slashed_and_ejected(kind, setting, warm_model_dir, 
         pool.stop()
 
 
+@pytest.mark.slow
 def test_a_pool_with_two_cheaters_trains_on_honest_work_and_pays_it(tmp_path, warm_model_dir):
     """`swarmrl run --adversary`: 2 honest workers and 2 cheaters of different kinds on
     loopback, several steps. Both cheaters are rejected, slashed and ejected; none of

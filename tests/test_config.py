@@ -46,6 +46,7 @@ def test_unknown_toml_key_is_an_error(tmp_path):
         load_config(toml)
 
 
+@pytest.mark.slow
 def test_cli_exits_at_start_with_one_line(tmp_path):
     proc = subprocess.run(
         [

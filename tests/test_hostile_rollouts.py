@@ -322,6 +322,7 @@ def test_each_finding_is_unusable_with_one_line_everywhere(run, tmp_path, capsys
     assert reason in collector.rejected[0][1]
 
 
+@pytest.mark.slow
 def test_negative_token_id_through_the_real_command(run, tmp_path):
     cfg = make_run_dir(run, tmp_path)
     path = negative_token_file(run, cfg, statistics=False)
@@ -375,6 +376,7 @@ def test_duplicates_count_once(run, tmp_path, capsys):
     assert collector.rejected == []
 
 
+@pytest.mark.slow
 def test_validator_process_judges_what_the_orchestrator_hands_out(run, tmp_path):
     """The real `swarmrl validator` process against a real orchestrator and a SHARDCAST
     origin: hostile bytes never get past the upload. Of the uploaded files, two replay-slack
@@ -784,6 +786,7 @@ def replay_forgeries(run) -> dict[str, tuple[int, Swap, dict]]:
     pytest.fail(f"no place to forge {set(REPLAY_FORGERIES) - set(found)} in 12 honest files")
 
 
+@pytest.mark.slow
 def test_replay_slack_is_rejected_with_one_line_everywhere(run, replay_forgeries, tmp_path, capsys):
     """An improbable token swapped in inside the replay's numerical slack (issue: a worker
     could do so about once per file). Both forgeries passed the old slack (1e-3, no floor);

@@ -632,6 +632,7 @@ def test_lapsed_assignment_is_reissued_and_counted(tmp_path):
         p.stop()
 
 
+@pytest.mark.slow
 def test_dead_worker_assignments_are_reissued(tmp_path):
     # Dead after 6 missed half-second beats: the survivor, beating every ~0.1 s, has
     # seconds of slack even on a loaded machine.

@@ -7,13 +7,12 @@ from __future__ import annotations
 import contextlib
 import json
 
-import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from pool_fixtures import make_pool, pool_id, rollout_file, signed_raw
+from pool_fixtures import loopback_client, make_pool, pool_id, rollout_file, signed_raw
 from swarmrl.identity import Identity, body_digest, sign_request
 from swarmrl.protocol import models as api
 
@@ -127,6 +126,7 @@ def test_request_models_parse_or_refuse(model, edits, honest):
         model.model_validate_json(data)
 
 
+@pytest.mark.slow  # 40 signed requests per case to a live orchestrator
 @pytest.mark.parametrize("endpoint", ENDPOINTS, ids=lambda e: e[1])
 @FUZZ
 @given(edits=EDITS)
@@ -137,6 +137,7 @@ def test_mutated_bodies_never_crash_the_server(pool, endpoint, edits):
     answered(r)
 
 
+@pytest.mark.slow  # 40 signed requests per case to a live orchestrator
 @pytest.mark.parametrize("endpoint", ENDPOINTS, ids=lambda e: e[1])
 @FUZZ
 @given(
@@ -171,6 +172,7 @@ def test_wrong_field_values_never_crash_the_server(pool, endpoint, fields):
     answered(r)
 
 
+@pytest.mark.slow  # 40 signed requests per case to a live orchestrator
 @FUZZ
 @given(
     header=st.sampled_from(["X-Pool", "X-Address", "X-Timestamp", "X-Nonce", "X-Signature"]),
@@ -189,6 +191,7 @@ def test_mutated_signature_headers_never_crash_the_server(pool, header, value):
     answered(r)
 
 
+@pytest.mark.slow  # 40 signed requests per case to a live orchestrator
 @FUZZ
 @given(
     query=st.text(max_size=40),
@@ -203,13 +206,15 @@ def test_mutated_paths_never_crash_the_server(pool, query, segment, tail):
     answered(r)
 
 
+@pytest.mark.slow  # 40 signed requests per case to a live orchestrator
 @FUZZ
 @given(edits=EDITS)
 def test_mutated_rollout_files_never_crash_the_server(pool, edits):
     worker = pool.workers[1]
     open_ = getattr(pool, "fuzz_assignment", None)
     if open_ is None:  # the last one was closed: take the next (a later step once full)
-        status = httpx.get(pool.url + "/v1/status").json()
+        with loopback_client(pool.url) as http:
+            status = http.get("/v1/status").json()
         open_ = worker.assignment(status["step"]).assignment
         if open_ is None:
             pool.trainer.announce_checkpoint(status["step"] + 1, "ab" * 32)
@@ -220,7 +225,7 @@ def test_mutated_rollout_files_never_crash_the_server(pool, edits):
     sha = body_digest(data)
     path = f"/v1/assignments/{open_.id}/rollout?sha256={sha}"
     headers = sign_request(worker.identity, "PUT", path, sha, pool=pool_id(pool.url))
-    with httpx.Client(base_url=pool.url, timeout=60) as http:
+    with loopback_client(pool.url) as http:
         r = http.put(path, content=data, headers=headers)
     assert r.status_code in (201, 422), r.text
     answered(r)

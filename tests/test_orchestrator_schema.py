@@ -59,6 +59,8 @@ CHECKS = [
     response_schema_conformance,
     unsupported_method,
 ]
+# Hundreds of generated requests to a live orchestrator: `pytest -m "not slow"` skips them.
+pytestmark = pytest.mark.slow
 FUZZ = settings(
     max_examples=40,
     deadline=None,

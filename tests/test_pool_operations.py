@@ -55,6 +55,7 @@ def wait_for_member(url: str, role: str, timeout: float = 120) -> api.Member:
 # -- the recipe -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_worker_of_another_run_is_refused_at_registration_with_both_values(tmp_path):
     proc, url = orchestrator_process(tmp_path, "--run-id", "pool-run", "--batch-samples", "64")
     try:
@@ -163,6 +164,7 @@ def test_a_relay_started_before_its_upstream_waits_quietly(tmp_path, caplog):
 # -- status, the ledger check, the first start ------------------------------------------
 
 
+@pytest.mark.slow
 def test_status_counts_trained_files_and_the_ledger_check_has_a_command(tmp_path):
     pool = make_pool(tmp_path, workers=1, validation_fraction=0.0)
     try:
@@ -206,6 +208,7 @@ def test_status_counts_trained_files_and_the_ledger_check_has_a_command(tmp_path
         assert db.execute("SELECT version_num FROM alembic_version").fetchall() == [("0004",)]
 
 
+@pytest.mark.slow
 def test_the_orchestrator_starts_in_an_empty_folder_without_torch(tmp_path):
     empty = tmp_path / "empty"
     (empty / "tmp").mkdir(parents=True)
@@ -258,6 +261,7 @@ def test_a_plain_trainer_saves_and_loads_its_state_without_distributed_warnings(
 # -- noise ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_worker_stopped_by_sigterm_leaks_no_semaphores(tmp_path):
     proc, url = orchestrator_process(tmp_path)
     generate_key_file(tmp_path / "worker.key")

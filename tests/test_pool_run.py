@@ -70,6 +70,7 @@ def test_no_validator_key_when_nothing_is_validated(tmp_path):
     assert roles == {"trainer", "relay"}
 
 
+@pytest.mark.slow
 def test_the_supervised_orchestrator_admits_the_run_and_keeps_its_ledger_across_a_kill(
     tmp_path,
 ):

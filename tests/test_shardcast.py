@@ -310,6 +310,7 @@ def corrupt(path: Path, at: int = 1000) -> None:
         f.write(bytes([byte[0] ^ 0xFF]))
 
 
+@pytest.mark.slow
 def test_relay_repairs_a_corrupted_shard_in_its_store(tmp_path):
     """Origin and relay are real processes. Shards corrupted in the relay's store mid-run are
     refused (never served), fetched again from the origin, and served: our client and the
@@ -461,6 +462,7 @@ def test_hanging_server_times_out_and_another_server_is_used(origin, tmp_path):
     assert elapsed < 15
 
 
+@pytest.mark.slow
 def test_trickling_server_is_cut_off_below_the_minimum_rate(origin, tmp_path):
     """A server that sends a few bytes every so often (never quiet for `timeout`) loses
     the shard at the rate floor; the download completes from the other server."""

@@ -114,6 +114,7 @@ def step_full_within(url: str, timeout: float) -> float | None:
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("speculate", [True, False], ids=["speculate", "no-speculate"])
 def test_a_stopped_worker_does_not_stall_its_step(tmp_path, speculate):
     trainer = Identity.generate()

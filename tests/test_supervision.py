@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from rich.console import Console
 from sqlalchemy import select
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from helpers import built_once
 from swarmrl.backoff import backoff_delay
 from swarmrl.cli import build_parser
 from swarmrl.config import (
@@ -194,6 +196,7 @@ def test_a_run_name_that_is_no_folder_name_is_refused(name):
         config_from_args(build_parser().parse_args(["run", "--run_name", name]))
 
 
+@pytest.mark.slow
 def test_config_given_a_directory_is_one_line(tmp_path):
     proc = _swarmrl("run", "--config", str(tmp_path), "--output_dir", str(tmp_path / "o"))
     assert proc.returncode == 2
@@ -216,6 +219,7 @@ def test_a_model_dir_with_a_broken_config_is_one_line(tmp_path, content, why):
     assert why in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_run_with_a_broken_model_config_says_so_in_one_line(tmp_path):
     model = tmp_path / "model"
     model.mkdir()
@@ -227,6 +231,7 @@ def test_run_with_a_broken_model_config_says_so_in_one_line(tmp_path):
     assert not (tmp_path / "o").exists()  # a refused run leaves nothing behind
 
 
+@pytest.mark.slow
 def test_validate_a_missing_file_is_one_line(tmp_path):
     missing = tmp_path / "nope.parquet"
     proc = _swarmrl("validate", str(missing))
@@ -350,9 +355,37 @@ def _still_running(procs: dict[int, str]) -> list[int]:
     return alive
 
 
-@pytest.mark.slow
-def test_sigterm_stops_every_process_of_the_run(tmp_path, warm_model_dir):
-    out = tmp_path / "outputs"
+# The flags of the run stopped by SIGTERM; the run-name test starts the same run on
+# another model in its folder.
+STOPPED_RUN = [
+    "--run_name",
+    "s",
+    "--trainer.steps",
+    "50",
+    "--eval_before",
+    "false",
+    "--validator.fraction",
+    "1",
+    *SMALL,
+]
+
+
+@dataclass
+class StoppedRun:
+    """What the SIGTERM test saw of one run stopped mid-way (the run-name test then
+    reuses its folder, which a stopped run leaves as a finished one would)."""
+
+    out: Path
+    commands: list[str]  # the run's process tree when the signal went
+    left_running: list[str]  # those still running 10 s after it
+    code: int
+    stderr: str
+
+
+def _stop_a_run(folder: Path, model_dir: Path) -> None:
+    """Start a run, SIGTERM it once its workers have written files, and write down in
+    `folder`/seen.json what happened."""
+    out = folder / "outputs"
     run = subprocess.Popen(
         [
             sys.executable,
@@ -360,23 +393,19 @@ def test_sigterm_stops_every_process_of_the_run(tmp_path, warm_model_dir):
             "swarmrl",
             "run",
             "--model.path",
-            str(warm_model_dir),
+            str(model_dir),
             "--output_dir",
             str(out),
-            "--run_name",
-            "s",
-            "--trainer.steps",
-            "50",
-            "--eval_before",
-            "false",
-            "--validator.fraction",
-            "1",
-            *SMALL,
+            *STOPPED_RUN,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+    def cmdline(pid: int) -> str:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+
     try:
         # Wait until the workers have written files: each then has its proof process
         # and multiprocessing's resource tracker (grandchildren of `swarmrl run`).
@@ -385,21 +414,18 @@ def test_sigterm_stops_every_process_of_the_run(tmp_path, warm_model_dir):
             assert run.poll() is None and time.time() < deadline, run.stderr.read()[-3000:]
             time.sleep(0.5)
         tree = _descendants(run.pid)
-        commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in tree]
-        assert sum(b"spawn_main" in c for c in commands) >= 2  # the workers' proof processes
-        assert sum(b"resource_tracker" in c for c in commands) >= 2
+        commands = [cmdline(pid) for pid in tree]
         run.send_signal(signal.SIGTERM)
-        time.sleep(10)
-        assert _still_running(tree) == [], [
-            Path(f"/proc/{p}/cmdline").read_bytes() for p in _still_running(tree)
-        ]
+        # Every process must be gone within 10 s of the signal; look until they are.
+        deadline = time.time() + 10
+        while _still_running(tree) and time.time() < deadline:
+            time.sleep(0.2)
+        left = [cmdline(p) for p in _still_running(tree)]
         # `swarmrl run` itself exits once it has printed how to resume (on a loaded
         # machine the interpreter's own teardown can take a few seconds more).
         code = run.wait(timeout=30)
-        message = run.stderr.read()
-        assert code == 128 + signal.SIGTERM, (code, message[-2000:])
-        assert "stopped by SIGTERM: every process of the run has exited" in message
-        assert "run the same command again to resume" in message
+        seen = {"commands": commands, "left_running": left, "code": code}
+        (folder / "seen.json").write_text(json.dumps(seen | {"stderr": run.stderr.read()}))
     finally:
         if run.poll() is None:
             run.kill()
@@ -407,27 +433,33 @@ def test_sigterm_stops_every_process_of_the_run(tmp_path, warm_model_dir):
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory, warm_model_dir) -> StoppedRun:
+    """One stopped run per test run, whichever xdist workers its two tests land on."""
+    folder = built_once(tmp_path_factory, "stopped-run", lambda f: _stop_a_run(f, warm_model_dir))
+    return StoppedRun(out=folder / "outputs", **json.loads((folder / "seen.json").read_text()))
+
+
 @pytest.mark.slow
-def test_a_run_name_holding_another_model_is_refused_and_left_untouched(tmp_path, warm_model_dir):
-    out = tmp_path / "outputs"
-    common = ["--output_dir", str(out), "--run_name", "same", "--eval_before", "false"]
-    first = _swarmrl(
-        "run",
-        "--model.path",
-        str(warm_model_dir),
-        "--trainer.steps",
-        "1",
-        "--eval_after",
-        "false",
-        "--validator.fraction",
-        "0",
-        *common,
-        *SMALL,
-        timeout=400,
-    )
-    assert first.returncode == 0, first.stderr[-3000:]
+def test_sigterm_stops_every_process_of_the_run(stopped_run):
+    commands = stopped_run.commands
+    assert sum("spawn_main" in c for c in commands) >= 2  # the workers' proof processes
+    assert sum("resource_tracker" in c for c in commands) >= 2
+    assert stopped_run.left_running == []
+    message = stopped_run.stderr
+    assert stopped_run.code == 128 + signal.SIGTERM, (stopped_run.code, message[-2000:])
+    assert "stopped by SIGTERM: every process of the run has exited" in message
+    assert "run the same command again to resume" in message
+
+
+@pytest.mark.slow
+def test_a_run_name_holding_another_model_is_refused_and_left_untouched(
+    tmp_path, stopped_run, warm_model_dir
+):
+    out = stopped_run.out
+    assert (out / "s" / "config.json").is_file()  # the run the folder holds
     before = {
-        p: (p.stat().st_mtime_ns, p.read_bytes()) for p in (out / "same").rglob("*") if p.is_file()
+        p: (p.stat().st_mtime_ns, p.read_bytes()) for p in (out / "s").rglob("*") if p.is_file()
     }
     other = tmp_path / "other-model"  # another start model: the same architecture, fresh weights
     tok = build_char_tokenizer()
@@ -443,14 +475,14 @@ def test_a_run_name_holding_another_model_is_refused_and_left_untouched(tmp_path
         )
     ).save_pretrained(other)
     tok.save_pretrained(other)
-    second = _swarmrl("run", "--model.path", str(other), "--trainer.steps", "3", *common, *SMALL)
+    second = _swarmrl("run", "--model.path", str(other), "--output_dir", str(out), *STOPPED_RUN)
     assert second.returncode == 1
     lines = second.stderr.strip().splitlines()
     assert len(lines) == 1, second.stderr
     assert f'model.path: "{warm_model_dir.resolve()}" -> "{other.resolve()}"' in lines[0]
     assert "--run_name" in lines[0] and "--fresh" in lines[0]
     after = {
-        p: (p.stat().st_mtime_ns, p.read_bytes()) for p in (out / "same").rglob("*") if p.is_file()
+        p: (p.stat().st_mtime_ns, p.read_bytes()) for p in (out / "s").rglob("*") if p.is_file()
     }
     assert after == before
 

@@ -28,6 +28,7 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
+from helpers import built_once
 from swarmrl.checkpoints import checkpoint_dir, list_checkpoints, load_policy
 from swarmrl.identity import Identity
 from swarmrl.orchestrator import OrchestratorConfig, OrchestratorThread
@@ -152,15 +153,18 @@ def _agrees(run: dict, ref: dict) -> bool:
     )
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
+def _save_model(folder: Path) -> None:
     from helpers import random_model
 
     model, tok = random_model("qwen2", hidden=64, layers=2, seed=3)
-    path = tmp_path_factory.mktemp("qwen2") / "model"
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """One model for the whole run: the 2-rank runs, built once, start from its files."""
+    return built_once(tmp_path_factory, "qwen2-model", _save_model)
 
 
 @pytest.fixture(scope="module")
@@ -171,21 +175,24 @@ def reference(model_dir) -> dict:
 
 @pytest.fixture(scope="module")
 def two_ranks(model_dir, tmp_path_factory) -> Path:
-    """All 2-rank runs in one pair of real processes (gloo over loopback)."""
-    out = tmp_path_factory.mktemp("ranks")
+    """All 2-rank runs in one pair of real processes (gloo over loopback), once per test
+    run: the xdist workers that run its tests share them."""
     runs = [
         ("2x1", None, False, "fp32"),
         ("2x2", 2, False, "fp32"),
         ("bf16", 2, False, "bf16"),
         ("mutant", None, True, "fp32"),
     ]
-    mp.start_processes(
-        _rank_main,
-        args=(2, _free_port(), str(model_dir), str(out), runs),
-        nprocs=2,
-        start_method="spawn",
-    )
-    return out
+
+    def start(out: Path) -> None:
+        mp.start_processes(
+            _rank_main,
+            args=(2, _free_port(), str(model_dir), str(out), runs),
+            nprocs=2,
+            start_method="spawn",
+        )
+
+    return built_once(tmp_path_factory, "two-ranks", start)
 
 
 def test_micro_batches_cover_each_sample_once_with_equal_counts_per_rank():

@@ -137,6 +137,7 @@ def pool(tmp_path_factory):
         proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_the_real_command_accepts_an_honest_pool_file_with_the_orchestrators_seed(pool):
     done = subprocess.run(
         [

@@ -207,6 +207,7 @@ def copy_cols(cols: dict) -> dict:
     return {k: list(v) for k, v in cols.items()}
 
 
+@pytest.mark.slow
 def test_honest_file_is_accepted_by_the_real_command(swarm, honest):
     path, _ = honest
     out = subprocess.run(
@@ -221,6 +222,7 @@ def test_honest_file_is_accepted_by_the_real_command(swarm, honest):
     assert verdict["status"] == "accepted" and verdict["failed_checks"] == []
 
 
+@pytest.mark.slow
 def test_other_weights_than_claimed(swarm):
     cheat_model, _ = load_policy(swarm.run_dir / "checkpoints" / "step_000000")
     gen = torch.Generator().manual_seed(1)
@@ -427,6 +429,7 @@ def test_malformed_proofs_are_unusable_input(swarm, honest, capsys, damage, tmp_
     assert err.count("\n") == 1 and "unusable: malformed proofs in sample 2" in err
 
 
+@pytest.mark.slow
 def test_truncated_file_and_wrong_schema_are_unusable_by_the_real_command(swarm, honest, tmp_path):
     path, cols = honest
     truncated = tmp_path / "truncated.parquet"
@@ -464,6 +467,7 @@ def test_truncated_file_and_wrong_schema_are_unusable_by_the_real_command(swarm,
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)  # minutes on a busy machine
 def test_honest_workers_are_never_rejected(swarm):
     """2,048 honest samples: different batch sizes (64 to 1,024), thread counts and batch mixes,

@@ -52,6 +52,7 @@ def test_deferred_proofs_equal_inline_proofs():
         assert proofs_to_bytes(split) == proofs_to_bytes(build_proofs(gen.hidden))
 
 
+@pytest.mark.slow
 def test_finisher_writes_in_the_background_and_reports_the_file_in_flight(tmp_path):
     release = threading.Event()
     written = []
@@ -96,6 +97,7 @@ def test_an_error_in_the_background_is_raised_by_the_next_call(tmp_path):
         finisher.close()
 
 
+@pytest.mark.slow
 def test_a_killed_proof_process_is_replaced_and_the_file_still_written(tmp_path):
     import os
     import signal
