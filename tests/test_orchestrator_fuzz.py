@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 
+import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
