@@ -43,7 +43,7 @@ from swarmrl.run import (
     wait_report,
 )
 from swarmrl.runfolder import RunFolder
-from swarmrl.supervisor import Role, Supervisor
+from swarmrl.supervisor import ProcessSpec, Supervisor
 from swarmrl.trainer.metrics import StepMetrics, read_metrics
 from swarmrl.validator.service import read_verdicts
 
@@ -100,7 +100,7 @@ def test_a_role_that_keeps_failing_is_restarted_with_backoff_then_ends_the_run(t
     policy = SupervisionConfig(max_restarts=2, window_seconds=60, backoff_seconds=0.2)
     said: list[str] = []
     sup = Supervisor(policy, tmp_path / "processes.json", said.append)
-    sup.start(Role("flaky", ["eval"], tmp_path / "flaky.log"))
+    sup.start(ProcessSpec("flaky", ["eval"], tmp_path / "flaky.log"))
     deadline = time.monotonic() + 60
     with pytest.raises(SwarmError) as err:
         while time.monotonic() < deadline:
@@ -126,7 +126,7 @@ def test_stop_ends_a_server_role_and_its_group(tmp_path):
     sup = Supervisor(SupervisionConfig(stop_grace_seconds=2), tmp_path / "p.json", print)
     root = tmp_path / "relay"
     sup.start(
-        Role(
+        ProcessSpec(
             "relay-0",
             ["relay", "--upstream", "http://127.0.0.1:9", "--root", str(root), "--port", "0"],
             tmp_path / "relay.log",

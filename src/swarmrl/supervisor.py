@@ -44,8 +44,10 @@ class SwarmError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Role:
-    """One process of the run: how to start it and whether its exit ends its job."""
+class ProcessSpec:
+    """One process of the run: how to start it and whether its exit ends its job.
+
+    Not a membership kind: what a key registers as is `protocol.models.Role`."""
 
     name: str
     args: list[str]  # after `python -m swarmrl`
@@ -58,7 +60,7 @@ class Role:
 
 @dataclass
 class _Running:
-    role: Role
+    role: ProcessSpec
     proc: subprocess.Popen | None
     started: float
     restarts: list[float] = field(default_factory=list)  # times of this role's restarts
@@ -122,7 +124,7 @@ class Supervisor:
             signum, self.deferred_signal = self.deferred_signal, None
             signal.raise_signal(signum)  # delivered again, now that the process is recorded
 
-    def start(self, role: Role) -> None:
+    def start(self, role: ProcessSpec) -> None:
         with self._spawning():
             self.roles[role.name] = _Running(role, self._spawn(role), self.clock())
         self._write_pids()
@@ -222,7 +224,7 @@ class Supervisor:
             if r.proc is not None and r.proc.returncode is None and not _exited(r.proc)
         ]
 
-    def _spawn(self, role: Role) -> subprocess.Popen:
+    def _spawn(self, role: ProcessSpec) -> subprocess.Popen:
         env = dict(
             os.environ,
             OMP_NUM_THREADS=str(role.threads),

@@ -19,7 +19,7 @@ from swarmrl.orchestrator.config import orchestrator_settings, write_orchestrato
 from swarmrl.protocol import models as api
 from swarmrl.protocol.funding import owner_key
 from swarmrl.runfolder import RunFolder
-from swarmrl.supervisor import Role, SwarmError
+from swarmrl.supervisor import ProcessSpec, SwarmError
 
 
 def check_model_dir(path: Path) -> None:
@@ -149,7 +149,7 @@ def ledger_url(folder: RunFolder) -> str:
     return f"sqlite:///{folder.ledger.resolve()}"
 
 
-def orchestrator_role(cfg: RunConfig, port: int) -> Role:
+def orchestrator_role(cfg: RunConfig, port: int) -> ProcessSpec:
     """The orchestrator's process: its settings derived from the run's config and written
     to <run>/orchestrator/config.toml, which it reads; only the port is its own."""
     folder = cfg.folder
@@ -165,12 +165,12 @@ def orchestrator_role(cfg: RunConfig, port: int) -> Role:
     write_orchestrator_config(settings, folder.orchestrator_config)
     args = ["orchestrator", "--config", str(folder.orchestrator_config.resolve())]
     args += ["--host", "127.0.0.1", "--port", str(port)]
-    return Role("orchestrator", args, folder.log("orchestrator"), finishes=False)
+    return ProcessSpec("orchestrator", args, folder.log("orchestrator"), finishes=False)
 
 
 def worker_role(
     cfg: RunConfig, name: str, workdir: Path, url: str, key: Path, adversary: str | None = None
-) -> Role:
+) -> ProcessSpec:
     """An inference worker's process: honest, or (`adversary`: its kind) a cheating one."""
     folder = cfg.folder
     cheat: list[str] = []
@@ -180,7 +180,7 @@ def worker_role(
             # A copier reads the rollout store, as it could a storage bucket readable by workers.
             cheat += ["--copy-from", str(folder.store.resolve())]
     args = ["worker", "--config", str(folder.config), "--orchestrator", url, "--key", str(key)]
-    return Role(
+    return ProcessSpec(
         name, [*args, "--workdir", str(workdir), *cheat], folder.log(name), cfg.worker.threads
     )
 
@@ -193,7 +193,7 @@ def pool_roles(
     relay_ports: list[int],
     origin: str,
     adversaries: Sequence[str] = (),
-) -> list[Role]:
+) -> list[ProcessSpec]:
     """Every process of the run but the orchestrator, in start order."""
     folder = cfg.folder
     config_path = str(folder.config)
@@ -204,7 +204,7 @@ def pool_roles(
         name = f"relay-{i}"
         root = folder.shardcast / name
         roles.append(
-            Role(
+            ProcessSpec(
                 name,
                 [
                     "relay",
@@ -226,7 +226,7 @@ def pool_roles(
         )
         upstream = f"http://127.0.0.1:{port}"
     roles.append(
-        Role(
+        ProcessSpec(
             "trainer",
             [
                 "trainer",
@@ -252,7 +252,7 @@ def pool_roles(
         roles.append(worker_role(cfg, name, folder.adversary_dir(kind), url, keys[name], kind))
     if cfg.validator.fraction > 0:
         roles.append(
-            Role(
+            ProcessSpec(
                 "validator",
                 ["validator", "--config", config_path, *pool, "--key", str(keys["validator"])],
                 folder.log("validator"),
