@@ -9,8 +9,10 @@ to `retry_seconds`, each attempt signed afresh; then `PoolUnreachable` is raised
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -65,6 +67,13 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """One TLS context for every client of the process: building one (httpx's default,
+    certifi's bundle) costs ~30-90 ms, paid per client otherwise."""
+    return httpx.create_ssl_context()
+
+
 class PoolClient:
     def __init__(
         self,
@@ -76,7 +85,7 @@ class PoolClient:
     ) -> None:
         self.url = url.rstrip("/")
         self.identity = identity
-        self.http = httpx.Client(base_url=self.url, timeout=timeout)
+        self.http = httpx.Client(base_url=self.url, timeout=timeout, verify=_tls())
         self.retry_seconds = retry_seconds
         self.sleep = sleep
         self._pool: str | None = None  # the pool id requests sign, asked for on first use
