@@ -61,12 +61,14 @@ def swarm(tmp_path_factory) -> Swarm:
     model_dir = ensure_default_model(
         Path(tempfile.gettempdir()) / "swarmrl-validator-tests", WarmStartRecipe(steps=30)
     )
-    run_dir = tmp_path_factory.mktemp("run")
+    # A folder of its own each time: under xdist a worker may build this module fixture
+    # more than once (the module's tests are not contiguous on one worker).
+    output_dir = tmp_path_factory.mktemp("run")
     cfg = load_config(
         None,
         {
             "run_name": "valtest",
-            "output_dir": str(run_dir.parent),
+            "output_dir": str(output_dir),
             "worker.prompts_per_file": 4,
             "sampling.group_size": 8,
         },
