@@ -8,7 +8,6 @@ a server (`.ci/postgres.sh` starts one); each PostgreSQL test gets an empty sche
 from __future__ import annotations
 
 import os
-import ssl
 import subprocess
 import sys
 import uuid
@@ -24,14 +23,10 @@ from swarmrl.ledger import Ledger, check_ledger, snapshot
 from swarmrl.orchestrator import OrchestratorConfig, OrchestratorThread
 from swarmrl.protocol import PoolClient
 from swarmrl.protocol import models as api
+from swarmrl.protocol.client import shared_tls
 from swarmrl.rollouts import RolloutMeta, write_rollouts
 
 JSON = {"Content-Type": "application/json"}
-# httpx builds a TLS context and loads the CA bundle for every Client it makes (about
-# 80 ms on a loaded 2-core machine, more than the request itself). These clients speak
-# plain HTTP on loopback, so they share one context; each request still opens its own
-# connection.
-LOOPBACK_TLS = ssl.create_default_context()
 POSTGRES_ENV = "SWARMRL_TEST_POSTGRES_URL"
 NO_POSTGRES = f"no PostgreSQL server: set {POSTGRES_ENV} (bash .ci/postgres.sh starts one)"
 BACKENDS = [
@@ -210,8 +205,9 @@ def make_pool(
 
 
 def loopback_client(url: str) -> httpx.Client:
-    """An HTTP client for a server on loopback (see LOOPBACK_TLS)."""
-    return httpx.Client(base_url=url, timeout=60, verify=LOOPBACK_TLS)
+    """An HTTP client for a server on loopback, on the process's one TLS context (building
+    one per client costs more than a request)."""
+    return httpx.Client(base_url=url, timeout=60, verify=shared_tls())
 
 
 def pool_id(url: str) -> str:

@@ -68,7 +68,7 @@ def _file_sha256(path: Path) -> str:
 
 
 @functools.cache
-def _tls() -> ssl.SSLContext:
+def shared_tls() -> ssl.SSLContext:
     """One TLS context for every client of the process: building one (httpx's default,
     certifi's bundle) costs ~30-90 ms, paid per client otherwise."""
     return httpx.create_ssl_context()
@@ -85,7 +85,7 @@ class PoolClient:
     ) -> None:
         self.url = url.rstrip("/")
         self.identity = identity
-        self.http = httpx.Client(base_url=self.url, timeout=timeout, verify=_tls())
+        self.http = httpx.Client(base_url=self.url, timeout=timeout, verify=shared_tls())
         self.retry_seconds = retry_seconds
         self.sleep = sleep
         self._pool: str | None = None  # the pool id requests sign, asked for on first use
