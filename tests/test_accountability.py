@@ -120,6 +120,7 @@ def test_a_pool_without_an_owner_cannot_fund_and_a_closed_pool_needs_no_stake(tm
         p.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_reject_slashes_voids_taints_and_ejects(tmp_path, backend, owner):
     # The cheat's first file is checked (new-member rate); its next two are not.
@@ -194,6 +195,7 @@ def test_a_reject_slashes_voids_taints_and_ejects(tmp_path, backend, owner):
         p.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_soft_invalidation_voids_only_that_work(tmp_path, backend, owner):
     p = staked_pool(tmp_path, backend, owner, soft_invalidation_files=1, async_level=1)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from swarmrl.cli import build_parser, main
 from swarmrl.config import config_from_args
 from swarmrl.evaluation import Evaluation, evaluate
 from swarmrl.tasks.registry import build_task
 
 
+@pytest.mark.slow
 def test_eval_prints_what_evaluate_returns_and_repeats_it(warm_model_dir, capsys):
     argv = ["eval", "--model", str(warm_model_dir), "--task.eval_size", "12"]
     argv += ["--sampling.max_new_tokens", "24"]

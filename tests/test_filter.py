@@ -112,6 +112,7 @@ def _filter(capsys, *args: str) -> tuple[int, dict | None, str]:
     return code, (json.loads(captured.out) if code == 0 else None), captured.err
 
 
+@pytest.mark.slow
 def test_filter_command_end_to_end_on_the_tiny_model(tmp_path, capsys, warm_model_dir):
     out = tmp_path / "filtered.jsonl"
     code, summary, err = _filter(
@@ -152,6 +153,7 @@ def test_filter_command_end_to_end_on_the_tiny_model(tmp_path, capsys, warm_mode
     ]
 
 
+@pytest.mark.slow
 def test_filter_on_a_file_task_copies_the_held_out_split_and_refuses_an_empty_result(
     tmp_path, capsys, warm_model_dir
 ):

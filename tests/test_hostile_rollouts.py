@@ -983,6 +983,7 @@ def mutated_file(run: Run, cfg: RunConfig, mutation: tuple) -> Path:
     return path
 
 
+@pytest.mark.slow
 @settings(
     max_examples=40,
     deadline=None,

@@ -139,6 +139,7 @@ HONEST = sign_request(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     drop=st.sets(st.sampled_from(sorted(HONEST))),

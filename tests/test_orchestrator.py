@@ -608,8 +608,11 @@ def test_max_ahead_up_to_the_async_bound(tmp_path):
         p.stop()
 
 
+@pytest.mark.slow
 def test_lapsed_assignment_is_reissued_and_counted(tmp_path):
-    p = make_pool(tmp_path, async_level=0, assignment_seconds=0.5)
+    # Deadlines of 3 s: on a loaded machine the loop that takes the step's whole share
+    # may take over a second, and none may lapse before the step is seen covered.
+    p = make_pool(tmp_path, async_level=0, assignment_seconds=3.0)
     p.trainer.announce_checkpoint(0, BLAKE)
     try:
         slow, fast = p.workers
@@ -617,7 +620,7 @@ def test_lapsed_assignment_is_reissued_and_counted(tmp_path):
         while (r := slow.assignment(0)).assignment is not None:
             first.append(r.assignment)
         assert fast.assignment(0).assignment is None  # the step is covered
-        time.sleep(1.0)
+        time.sleep(max(a.deadline for a in first) - time.time() + 0.2)
         # All lapsed: the step needs them again, and fast gets them.
         again = fast.assignment(0).assignment
         assert again is not None and again.step == 0 and again.id not in {a.id for a in first}

@@ -177,6 +177,7 @@ def orchestrator(*args: str) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_the_orchestrator_serves_the_file_with_flags_over_it(tmp_path):
     run = tmp_path / "run.toml"
     run.write_text(

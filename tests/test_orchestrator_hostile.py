@@ -167,6 +167,7 @@ HOSTILE_BODIES = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -204,6 +205,7 @@ def test_request_models_are_strict(server, body):
 # -- hole 3: signatures bound to the pool ------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_request_replayed_into_another_pool_is_refused(server, tmp_path):
     _, url_a, _, owner, _ = server
     proc_b, url_b = start(tmp_path / "b", "--owner", owner.address)

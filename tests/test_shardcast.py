@@ -264,6 +264,7 @@ def test_fetch_resumes_a_partial_download(origin, tmp_path):
     assert same_tree(checkpoint, result.path)
 
 
+@pytest.mark.slow
 def test_relay_killed_mid_download_client_finishes_from_the_other(origin, tmp_path):
     _publisher, server, checkpoint = origin
     relays = [spawn_relay(server.url, tmp_path / f"relay{i}") for i in range(2)]

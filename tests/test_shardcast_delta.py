@@ -268,6 +268,7 @@ def test_a_delta_bomb_on_the_wire_costs_the_client_one_block(published, tmp_path
     assert "more than its block's" in (result.delta_refused or "")
 
 
+@pytest.mark.slow
 @settings(
     max_examples=25,
     deadline=None,

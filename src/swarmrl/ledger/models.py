@@ -9,6 +9,8 @@ account's balance and stake are what its journal rows sum to.
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -28,13 +30,17 @@ from swarmrl.protocol.models import (
     MEMBER_STATUSES,
     ROLES,
     SUBMISSION_STATES,
+    AssignmentState,
+    MemberStatus,
+    Role,
     SubmissionState,
 )
 
 LIVE_STATES: tuple[SubmissionState, ...] = ("pending", "accepted")  # may still be trained
 # fund: owner → balance; stake: balance → stake; release: stake → balance;
 # slash: stake → gone (the pool keeps it); payout: pool → balance.
-JOURNAL_KINDS = ("fund", "stake", "release", "slash", "payout")
+JournalKind = Literal["fund", "stake", "release", "slash", "payout"]
+JOURNAL_KINDS: tuple[JournalKind, ...] = get_args(JournalKind)
 
 
 def _one_of(column: str, values: tuple[str, ...]) -> str:
@@ -55,8 +61,8 @@ class Member(Base):
     )
 
     address: Mapped[str] = mapped_column(String(42), primary_key=True)
-    role: Mapped[str] = mapped_column(String(16))
-    status: Mapped[str] = mapped_column(String(16))
+    role: Mapped[Role] = mapped_column(String(16))
+    status: Mapped[MemberStatus] = mapped_column(String(16))
     url: Mapped[str | None] = mapped_column(String(512))
     registered_at: Mapped[float] = mapped_column(Float)
     lapses: Mapped[int] = mapped_column(Integer, default=0)
@@ -132,7 +138,7 @@ class Assignment(Base):
     seed: Mapped[int] = mapped_column(BigInteger)
     prompts: Mapped[int] = mapped_column(Integer)
     group_size: Mapped[int] = mapped_column(Integer)
-    state: Mapped[str] = mapped_column(String(16), index=True)
+    state: Mapped[AssignmentState] = mapped_column(String(16), index=True)
     issued_at: Mapped[float] = mapped_column(Float)
     deadline: Mapped[float] = mapped_column(Float)
     closed_at: Mapped[float | None] = mapped_column(Float)
@@ -163,7 +169,7 @@ class Submission(Base):
     num_samples: Mapped[int] = mapped_column(Integer)
     num_nonzero: Mapped[int] = mapped_column(Integer)
     num_tokens: Mapped[int] = mapped_column(BigInteger)
-    state: Mapped[str] = mapped_column(String(16), index=True)
+    state: Mapped[SubmissionState] = mapped_column(String(16), index=True)
     to_validate: Mapped[bool] = mapped_column(Boolean)
     validation_claimed_at: Mapped[float | None] = mapped_column(Float)
     uploaded_at: Mapped[float] = mapped_column(Float, index=True)
@@ -232,7 +238,7 @@ class JournalEntry(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     at: Mapped[float] = mapped_column(Float)
-    kind: Mapped[str] = mapped_column(String(16))
+    kind: Mapped[JournalKind] = mapped_column(String(16))
     address: Mapped[str] = mapped_column(String(42), index=True)
     amount: Mapped[int] = mapped_column(BigInteger)
     step: Mapped[int | None] = mapped_column(Integer)

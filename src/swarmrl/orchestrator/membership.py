@@ -276,7 +276,7 @@ def mark_by_heartbeats(s: Session, config: OrchestratorConfig, now: float) -> bo
     changed = False
     for m, last_at in rows:
         missed = (now - last_at) / config.heartbeat_seconds
-        status = (
+        status: api.MemberStatus = (
             "dead"
             if missed >= config.dead_after
             else "unhealthy"

@@ -101,7 +101,7 @@ def issued_seed(url: str, key: Path, digest: str) -> int:
         try:
             handed = client.submission(digest)
         except PoolRefused as exc:
-            if exc.status == 404:
+            if exc.code == "not_found":
                 raise ValueError(
                     f"the orchestrator at {url} has no submission with this file's SHA-256 "
                     f"{digest}: not a file of this pool, or changed since it was uploaded"

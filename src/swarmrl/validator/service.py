@@ -132,9 +132,9 @@ def judge_submission(
             soft=verdict.status == Status.SKIPPED,
         )
     except PoolRefused as exc:
-        # 409: already decided (a verdict posted before a restart), or voided meanwhile
-        # (its worker was ejected).
-        if exc.status != 409:
+        # A conflict: already decided (a verdict posted before a restart), or voided
+        # meanwhile (its worker was ejected).
+        if exc.code != "conflict":
             raise
     path.unlink(missing_ok=True)
     return record
