@@ -13,7 +13,9 @@ survive in a staging directory after a restart are re-hashed and kept (resume).
 Relays chain: a relay's upstream can be another relay. The deltas the upstream manifest
 lists (``v<N>/delta-from-<B>/``) are mirrored the same way, before the version is
 installed; one that cannot be had is left out of the relay's manifest, and the version
-goes out with its full shards only.
+goes out with its full shards only. A relay that holds the base of a delta fetches only
+the delta and rebuilds the shards from it (each checked against the upstream manifest,
+the whole file against the distribution line), and fetches the shards when that fails.
 
 The relay does not trust its own store: its ``guard`` (serve it with
 ``start_server(root, guard=relay.guard)``) checks every shard against the manifest
