@@ -154,6 +154,74 @@ def test_a_relay_whose_upstream_has_no_delta_mirrors_the_full_shards_only(publis
     )
 
 
+@pytest.fixture
+def relay_holding_v1(tmp_path):
+    """An origin serving v1 and a relay that mirrored it; the origin publishes v2 next."""
+    origin = Origin(tmp_path / "origin", shard_size=SHARD, delta_block=BLOCK)
+    ckpts = {v: checkpoint(tmp_path / f"ckpt{v}", v) for v in (1, 2)}
+    origin.publish(1, ckpts[1])
+    server = start_server(origin.root)
+    relay = Relay([server.url], tmp_path / "relay", timeout=2)
+    assert relay.sync_once() == [1]
+    origin.publish(2, ckpts[2])
+    yield origin, server, relay, ckpts
+    server.stop()
+
+
+def delta_size(root: Path) -> int:
+    return DeltaManifest.from_json((delta_dir(root) / "manifest.json").read_text()).file.file_size
+
+
+def test_a_relay_holding_the_base_fetches_only_the_delta(relay_holding_v1, tmp_path):
+    origin, server, relay, ckpts = relay_holding_v1
+    before = server.stats.shard_bytes
+    assert relay.sync_once() == [2]
+    # the relay's link carried the delta only, not the full shards as well
+    assert server.stats.shard_bytes - before == delta_size(origin.root)
+    for index in range(
+        len(Manifest.from_json((origin.root / "v2" / "manifest.json").read_text()).shards)
+    ):
+        name = f"v2/{shard_name(index)}"
+        assert (relay.store.root / name).read_bytes() == (origin.root / name).read_bytes()
+    assert (relay.store.root / "v2" / "manifest.json").read_bytes() == (
+        origin.root / "v2" / "manifest.json"
+    ).read_bytes()
+    assert (
+        sorted(p.name for p in (relay.store.root / "v2").iterdir() if p.name.startswith(".")) == []
+    )
+    served = start_server(relay.store.root, guard=relay.guard)
+    try:
+        dest = holding_v1(served.url, tmp_path / "dest")
+        result = fetch([served.url], 2, dest)
+        assert result.route == "delta" and tree(result.path) == tree(ckpts[2])
+        shutil.rmtree(dest)
+        assert tree(fetch([served.url], 2, tmp_path / "fresh").path) == tree(ckpts[2])
+    finally:
+        served.stop()
+
+
+def test_a_relay_whose_held_base_is_damaged_fetches_the_full_shards(relay_holding_v1):
+    origin, server, relay, _ = relay_holding_v1
+    shard = relay.store.root / "v1" / shard_name(3)
+    data = bytearray(shard.read_bytes())
+    data[5] ^= 0x10
+    shard.write_bytes(bytes(data))
+    before = server.stats.shard_bytes
+    assert relay.sync_once() == [2]
+    full = Manifest.from_json((origin.root / "v2" / "manifest.json").read_text()).file_size
+    # the delta (kept, though the rebuild from the damaged base failed its hash), then
+    # the full shards
+    assert server.stats.shard_bytes - before == full + delta_size(origin.root)
+    assert Manifest.from_json((relay.store.root / "v2" / "manifest.json").read_text()).deltas == (
+        1,
+    )
+    for index in range(
+        len(Manifest.from_json((origin.root / "v2" / "manifest.json").read_text()).shards)
+    ):
+        name = f"v2/{shard_name(index)}"
+        assert (relay.store.root / name).read_bytes() == (origin.root / name).read_bytes()
+
+
 def corrupt_delta_shard(root: Path) -> None:
     shard = delta_dir(root) / shard_name(0)
     data = bytearray(shard.read_bytes())

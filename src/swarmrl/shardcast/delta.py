@@ -285,15 +285,24 @@ def rebuild(base: Path, delta: Path, manifest: DeltaManifest, out: Path) -> str:
         raise DeltaError(
             f"the delta file is {delta.stat().st_size} bytes, its manifest says {manifest.file.file_size}"
         )
+    return rebuild_from(file_reader(base), file_reader(delta), manifest, out)
+
+
+def rebuild_from(read_base: Reader, read_delta: Reader, manifest: DeltaManifest, out: Path) -> str:
+    """``rebuild`` from readers (e.g. ``sharded_reader`` over a relay's shard files) whose
+    sizes the caller has checked: the base's ``base_size``, the delta's ``file.file_size``."""
     hasher = blake3.blake3()
-    with open(base, "rb") as b, open(delta, "rb") as d, open(out, "wb") as o:
+    delta_at = 0
+    with open(out, "wb") as o:
         for i, frame_size in enumerate(manifest.frames):
             offset = i * manifest.block_size
             length = min(manifest.block_size, manifest.result_size - offset)
-            b.seek(offset)
             block = decode_block(
-                d.read(frame_size), b.read(max(0, min(length, manifest.base_size - offset))), length
+                read_delta(delta_at, frame_size),
+                read_base(offset, max(0, min(length, manifest.base_size - offset))),
+                length,
             )
+            delta_at += frame_size
             o.write(block)
             hasher.update(block)
     return hasher.hexdigest()

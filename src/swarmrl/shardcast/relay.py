@@ -13,7 +13,9 @@ survive in a staging directory after a restart are re-hashed and kept (resume).
 Relays chain: a relay's upstream can be another relay. The deltas the upstream manifest
 lists (``v<N>/delta-from-<B>/``) are mirrored the same way, before the version is
 installed; one that cannot be had is left out of the relay's manifest, and the version
-goes out with its full shards only.
+goes out with its full shards only. A relay that holds the base of a delta fetches only
+the delta and rebuilds the shards from it (each checked against the upstream manifest,
+the whole file against the distribution line), and fetches the shards when that fails.
 
 The relay does not trust its own store: its ``guard`` (serve it with
 ``start_server(root, guard=relay.guard)``) checks every shard against the manifest
@@ -39,7 +41,13 @@ from typing import Literal
 import blake3
 
 from swarmrl.shardcast.choice import ServerChooser, probe_servers
-from swarmrl.shardcast.delta import DeltaManifest, delta_dir_name
+from swarmrl.shardcast.delta import (
+    DeltaError,
+    DeltaManifest,
+    delta_dir_name,
+    rebuild_from,
+    sharded_reader,
+)
 from swarmrl.shardcast.discovery import (
     VersionSource,
     find_delta,
@@ -175,13 +183,21 @@ class Relay:
         staging = self.store.staging_dir(version)
         staging.mkdir(exist_ok=True)
         done = self._verified_shards(staging, source)
-        self._downloader(source, lambda index, _: (staging / shard_name(index), 0)).run(
-            [i for i in range(source.entry.num_shards) if i not in done]
-        )
+        missing = [i for i in range(source.entry.num_shards) if i not in done]
+        # Holding a base the upstream has a delta from, the relay fetches only the delta
+        # and rebuilds the shards from it: on a slow link that is what the worker saves too.
+        patched, rebuilt = self._patch(staging, source) if missing else (None, False)
+        if not rebuilt:
+            self._downloader(source, lambda index, _: (staging / shard_name(index), 0)).run(missing)
         manifest = self._check_whole(staging, source)
-        deltas = [
+        deltas = [patched] if patched else []
+        deltas += [
             d
-            for d in (self._mirror_delta(staging, source, manifest, b) for b in manifest.deltas)
+            for d in (
+                self._mirror_delta(staging, source, manifest, b)
+                for b in manifest.deltas
+                if not patched or b != patched.base
+            )
             if d
         ]
         manifest = dataclasses.replace(manifest, deltas=tuple(d.base for d in deltas))
@@ -192,6 +208,83 @@ class Relay:
             self.guard.trust(version, delta.file, delta_dir_name(delta.base))
         log.info("relay now holds v%d (%d shards)", version, source.entry.num_shards)
         return manifest
+
+    def _patch(self, staging: Path, source: VersionSource) -> tuple[DeltaManifest | None, bool]:
+        """Build ``source``'s shards in ``staging`` from a held base and the upstream's delta
+        from it. Returns the delta mirrored (kept: it is served on, and checked against its
+        own hashes) and whether the shards were rebuilt; a rebuild that is not the listed
+        file leaves nothing behind but verified shards."""
+        if source.manifest is None:
+            return None, False
+        listed = self.store.listed()
+        for base in sorted(source.manifest.deltas, reverse=True):
+            base_dir = self.store.version_dir(base)
+            if base not in listed or not base_dir.is_dir():
+                continue
+            try:
+                base_manifest = Manifest.from_json((base_dir / MANIFEST_FILE).read_bytes())
+            except (OSError, LayoutError):
+                continue
+            delta = self._mirror_delta(staging, source, source.manifest, base)
+            if delta is None:
+                return None, False
+            if (base_manifest.blake3, base_manifest.file_size) != (
+                delta.base_blake3,
+                delta.base_size,
+            ):
+                log.warning("v%d: the held v%d is not its delta's base", source.version, base)
+                return delta, False
+            try:
+                self._rebuild_shards(staging, source.manifest, base_dir, base_manifest, delta)
+            except (DeltaError, OSError) as exc:
+                log.warning(
+                    "v%d: rebuilding from the delta failed (%s); fetching its shards",
+                    source.version,
+                    exc,
+                )
+                return delta, False
+            log.info("relay rebuilt v%d from its delta against v%d", source.version, base)
+            return delta, True
+        return None, False
+
+    def _rebuild_shards(
+        self,
+        staging: Path,
+        manifest: Manifest,
+        base_dir: Path,
+        base_manifest: Manifest,
+        delta: DeltaManifest,
+    ) -> None:
+        """Rebuild the file into ``staging`` and cut it into the shards ``manifest`` names,
+        keeping each only when it hashes as listed (raises DeltaError for a wrong file)."""
+        work = staging / ".rebuilt.tar"
+        try:
+            digest = rebuild_from(
+                sharded_reader(base_dir, base_manifest),
+                sharded_reader(staging / delta_dir_name(delta.base), delta.file),
+                delta,
+                work,
+            )
+            if digest != manifest.blake3:
+                raise DeltaError(
+                    f"the rebuilt file hashes to {digest}, upstream says {manifest.blake3}"
+                )
+            with open(work, "rb") as f:
+                for index, shard in enumerate(manifest.shards):
+                    tmp = staging / f".{shard_name(index)}.rebuilt"
+                    hasher = blake3.blake3()
+                    with open(tmp, "wb") as out:
+                        left = shard.size
+                        while left and (chunk := f.read(min(left, 8 << 20))):
+                            hasher.update(chunk)
+                            out.write(chunk)
+                            left -= len(chunk)
+                    if hasher.hexdigest() != shard.blake3:
+                        tmp.unlink()
+                        raise DeltaError(f"rebuilt shard {index + 1} does not hash as listed")
+                    os.replace(tmp, staging / shard_name(index))
+        finally:
+            work.unlink(missing_ok=True)
 
     def _mirror_delta(
         self, staging: Path, source: VersionSource, manifest: Manifest, base: int
