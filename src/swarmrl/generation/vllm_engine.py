@@ -44,10 +44,7 @@ from swarmrl.generation.sampler import Generation, SamplingParams, draw, uniform
 log = logging.getLogger("swarmrl.worker")
 
 # What vLLM reads from the environment, set (when the user has not) before it is imported.
-_VLLM_ENVIRONMENT = {
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-}
+_VLLM_DEFAULTS = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 # The request's extra_args that carry swarmrl's draw.
 SEED_KEY = "swarmrl_seed"
 TEMPERATURE_KEY = "swarmrl_temperature"
@@ -136,9 +133,12 @@ class VllmEngine:
         eager: bool = True,
         kv_cache_gib: int = 1,
     ) -> None:
-        for key, value in _VLLM_ENVIRONMENT.items():
+        for key, value in _VLLM_DEFAULTS.items():
             os.environ.setdefault(key, value)
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+        # Not the user's choice: the logits processor class is built in this process
+        # (vLLM is imported lazily) and cannot be pickled to a separate engine process.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
         from vllm import LLM
 
         start = time.perf_counter()
