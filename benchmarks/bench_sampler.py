@@ -1,4 +1,4 @@
-"""Benchmark (issue 2a): our sampling loop against `transformers` `generate`.
+"""Benchmark (issue 2a): our sampling loop against `transformers` `generate`, and vLLM.
 
 Same model, same prompts, same batch, same temperature and length limit, measured side
 by side in one run: each repeat times both methods back to back (alternating which goes
@@ -9,7 +9,13 @@ samples: `--batch / --group` distinct prompts, each sampled `--group` times (GRP
 tokens each method actually produced (up to and including EOS), so `generate` is not
 charged for the padding it computes after a sequence has finished, nor credited for it.
 
-    python benchmarks/bench_sampler.py [--model DIR] [--batch 64] [--repeats 10]
+``--vllm`` (in the vLLM venv, docs/architecture.md) adds the worker's vLLM engine
+(``generation/vllm_engine.py``: swarmrl's seeded draw in a logits processor) to each
+repeat. Its rate counts the engine's generation only; the prefill that gives its
+proofs' states and logprobs is reported apart, as a share of that generation time (the
+native loop returns the states as it samples).
+
+    python benchmarks/bench_sampler.py [--model DIR] [--batch 64] [--repeats 10] [--vllm]
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.6)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--vllm", action="store_true", help="also time the vLLM engine")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model_dir = args.model or ensure_default_model()
@@ -92,14 +99,36 @@ def main() -> None:
             produced += row.index(tok.eos_token_id) + 1 if tok.eos_token_id in row else len(row)
         return produced
 
-    ours(0), hf(0)  # warm-up
-    rates = {"ours": [], "generate": []}
+    methods = [("ours", ours), ("generate", hf)]
+    prefill_shares: list[float] = []
+    if args.vllm:
+        from swarmrl.generation.vllm_engine import VllmEngine
+
+        engine = VllmEngine(model_dir)
+
+        def vllm(seed: int) -> int:
+            gens = engine.sample(
+                model,
+                prompts,
+                [seed * 1000 + i for i in range(len(prompts))],
+                params,
+                pad_id=tok.pad_token_id,
+            )
+            prefill_shares.append(engine.prefill_seconds / engine.engine_seconds)
+            return sum(len(g.tokens) for g in gens)
+
+        methods.append(("vllm", vllm))
+    for _, fn in methods:
+        fn(0)  # warm-up
+    prefill_shares.clear()
+    rates: dict[str, list[float]] = {name: [] for name, _ in methods}
     for r in range(args.repeats):
-        pair = (("ours", ours), ("generate", hf))
-        for name, fn in pair if r % 2 == 0 else reversed(pair):
+        for name, fn in methods if r % 2 == 0 else reversed(methods):
             start = time.perf_counter()
             tokens = fn(r + 1)
-            rates[name].append(tokens / (time.perf_counter() - start))
+            seconds = time.perf_counter() - start
+            # vLLM's rate: the engine's generation only (its proof prefill is reported apart)
+            rates[name].append(tokens / (engine.engine_seconds if name == "vllm" else seconds))
     ratios = [o / g for o, g in zip(rates["ours"], rates["generate"], strict=True)]
     ours_rate, hf_rate = statistics.median(rates["ours"]), statistics.median(rates["generate"])
     print(
@@ -112,6 +141,17 @@ def main() -> None:
         f"ratio ours/generate: {statistics.median(ratios):.2f}x (median of {args.repeats} paired repeats; "
         f"range {min(ratios):.2f}-{max(ratios):.2f}x)"
     )
+    if args.vllm:
+        vllm_ratios = [v / g for v, g in zip(rates["vllm"], rates["generate"], strict=True)]
+        print(
+            f"vllm:     {statistics.median(rates['vllm']):9.0f} tokens/s (median of {args.repeats})"
+        )
+        print(
+            f"ratio vllm/generate: {statistics.median(vllm_ratios):.2f}x "
+            f"(range {min(vllm_ratios):.2f}-{max(vllm_ratios):.2f}x); its proof prefill: "
+            f"{statistics.median(prefill_shares):.1%} of its generation time "
+            f"(range {min(prefill_shares):.1%}-{max(prefill_shares):.1%})"
+        )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from swarmrl.config.loading import (
 from swarmrl.config.run import RUN_IDENTITY, RunConfig, run_differences
 from swarmrl.config.sections import (
     CONTEXT_TOKENS,
+    InferenceConfig,
     ModelConfig,
     PoolConfig,
     SamplingConfig,
@@ -36,6 +37,7 @@ __all__ = [
     "CONTEXT_TOKENS",
     "RUN_IDENTITY",
     "ConfigError",
+    "InferenceConfig",
     "ModelConfig",
     "PoolConfig",
     "RunConfig",

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from swarmrl.config.sections import (
+    InferenceConfig,
     ModelConfig,
     PoolConfig,
     SamplingConfig,
@@ -46,6 +47,9 @@ class RunConfig(_Section):
     task: TaskConfig = Field(default_factory=TaskConfig, description="task and reward")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="sampling")
     worker: WorkerConfig = Field(default_factory=WorkerConfig, description="inference workers")
+    inference: InferenceConfig = Field(
+        default_factory=InferenceConfig, description="the engine inference workers generate with"
+    )
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="GRPO trainer")
     shardcast: ShardcastConfig = Field(
         default_factory=ShardcastConfig, description="checkpoint broadcast"

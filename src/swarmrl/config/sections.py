@@ -115,6 +115,20 @@ class WorkerConfig(_Section):
     )
 
 
+class InferenceConfig(_Section):
+    engine: Literal["native", "vllm"] = Field(
+        "native",
+        description="what generates a worker's samples: `native` (swarmrl's own sampling loop) or `vllm` (a vLLM engine drawing with swarmrl's seeded draw, so the validator's replay stays exact; needs `pip install -e \".[vllm]\"`, docs/architecture.md)",
+    )
+    vllm_eager: bool = Field(
+        True,
+        description="vllm engine: run the model eagerly (no torch.compile warm-up: minutes on a CPU, worth it only for long runs of a big model)",
+    )
+    vllm_kv_cache_gib: int = Field(
+        1, ge=1, description="vllm engine on a CPU: GiB of memory its key/value cache takes"
+    )
+
+
 class ShardcastConfig(_Section):
     enabled: bool = Field(
         True,

@@ -7,6 +7,7 @@ the rollout file's columns. The worker process (`worker.py`) does the I/O around
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,9 @@ from swarmrl.rollouts import empty_columns
 from swarmrl.scoring import completion_text, prompt_ids
 from swarmrl.tasks.base import Task
 from swarmrl.toploc import build_proofs_batch, proofs_to_bytes
+
+# ``sampler.sample``'s signature: (model, prompts, seeds, params, pad_id=, capture_hidden=).
+Sampler = Callable[..., list[Generation]]
 
 
 @dataclass
@@ -40,12 +44,15 @@ def generate_rollouts(
     length_alpha: float,
     capture_hidden: bool = True,
     proofs: bool = True,
+    sampler: Sampler = sample,
 ) -> RolloutBatch:
     """Generate G samples for every assigned prompt and score them.
 
     With ``proofs=False`` the ``proofs`` column is left empty and the hidden states stay
     in ``generations``: the caller builds the proofs later with ``attach_proofs`` (the
     worker does so in a background thread while it generates the next file).
+    ``sampler``: what draws the samples, ``sampler.sample`` or an engine's
+    (``vllm_engine.VllmEngine.sample``), both with the same seeded draw.
     """
     problems = [task.train_problem(i) for i in assignment.problem_indices]
     prompts, seeds, owners = [], [], []
@@ -58,7 +65,7 @@ def generate_rollouts(
             seeds.append(s)
             owners.append(p_idx)
     start = time.perf_counter()
-    gens = sample(
+    gens = sampler(
         model, prompts, seeds, params, pad_id=tokenizer.pad_token_id, capture_hidden=capture_hidden
     )
     gen_seconds = time.perf_counter() - start

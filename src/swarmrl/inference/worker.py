@@ -48,10 +48,11 @@ from swarmrl.assignment import assign_from_seed
 from swarmrl.backoff import backoff_delay
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import RunConfig
-from swarmrl.generation.rollout import RolloutBatch, generate_rollouts
-from swarmrl.generation.sampler import SamplingParams
+from swarmrl.generation.rollout import RolloutBatch, Sampler, generate_rollouts
+from swarmrl.generation.sampler import SamplingParams, sample
 from swarmrl.identity import Identity
 from swarmrl.inference.adversary import Behaviour
+from swarmrl.inference.engines import EngineChoice
 from swarmrl.inference.finisher import FileFinisher
 from swarmrl.protocol import PoolClient, PoolRefused, recipe
 from swarmrl.protocol import models as api
@@ -232,8 +233,10 @@ def generate_assignment(
     policy_step: int,
     address: str,
     behaviour: Behaviour,
+    sampler: Sampler = sample,
 ) -> tuple[RolloutBatch, RolloutMeta]:
-    """The rollouts of an issued assignment (proofs not built yet) and the file's metadata."""
+    """The rollouts of an issued assignment (proofs not built yet) and the file's metadata,
+    drawn by ``sampler`` (the native loop or the vLLM engine, ``engines.py``)."""
     batch = behaviour.generate(
         generate_rollouts,
         model=model,
@@ -257,6 +260,7 @@ def generate_assignment(
         policy_step=policy_step,
         length_alpha=cfg.task.length_alpha,
         proofs=False,
+        sampler=sampler,
     )
     meta = RolloutMeta(
         run_id=cfg.run_name,
@@ -287,6 +291,7 @@ def run_worker(
     task = build_task(cfg.task)
     source = PolicySource(home.policies, deltas=cfg.shardcast.deltas)
     counts = WorkerCounts()
+    engines = EngineChoice(cfg)
     model = tok = None
     policy_step = -1  # the policy this worker generates with (and claims)
     loaded_step = -1  # the newest policy it loaded (newer than policy_step with a policy lag)
@@ -417,7 +422,15 @@ def run_worker(
                 time.sleep(answer.retry_seconds or cfg.worker.poll_seconds)
                 continue
             batch, meta = generate_assignment(
-                cfg, model, tok, task, work, policy_step, identity.address, behaviour
+                cfg,
+                model,
+                tok,
+                task,
+                work,
+                policy_step,
+                identity.address,
+                behaviour,
+                engines.sampler(model),
             )
             deadlines[work.id] = work.deadline
             finisher.submit(home.outbox_file(work.id), batch, meta)
