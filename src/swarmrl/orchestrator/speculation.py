@@ -12,8 +12,9 @@ The share of an overdue assignment (the first assignment's id; a re-issue names 
 own id and seed, so validators recompute its prompts like any other's.
 
 Of a share's assignments the first whose upload is accepted counts; a later upload for
-the same share is recorded voided, and one never returned lapses, neither counted
-against its worker (the pool lost nothing by it). A voided file is never listed for the
+the same share is refused before its body is read (one already streaming in is recorded
+voided), and one never returned lapses, neither counted against its worker (the pool
+lost nothing by it). A voided file is never listed for the
 trainer, credited or paid, so nothing counts twice. A step's open work is counted in
 shares, so a re-issue does not make the step look better covered than it is.
 """
