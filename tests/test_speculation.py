@@ -21,12 +21,17 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import delete, select
 
 from pool_fixtures import orchestrator_process, pool_id
 from swarmrl.identity import Identity, generate_key_file, load_identity, sign_request
 from swarmrl.ledger import Assignment, Ledger, Member, Submission, check_ledger
-from swarmrl.orchestrator.speculation import silence_allowed
+from swarmrl.ledger.models import SHARE, share_of
+from swarmrl.orchestrator.speculation import silence_allowed, won
 from swarmrl.protocol import PoolClient
+from swarmrl.protocol.models import SUBMISSION_STATES
 
 HEARTBEAT = 1.0
 GEN = 0.5
@@ -241,3 +246,90 @@ def test_a_stopped_worker_does_not_stall_its_step(tmp_path, speculate):
     # Paid for the two files trained, 4 samples each, nothing for the refused one.
     paid = {m["address"]: m["paid"] for m in status["members"] if m["role"] == "worker"}
     assert sum(paid.values()) == 8 and paid[stalled.address] == 0
+
+
+def test_an_assignment_fills_its_own_share_or_the_one_it_covers():
+    assert share_of(7, None) == 7
+    assert share_of(9, 7) == 7
+
+
+# Per assignment: which earlier one it re-issues (None: none), and its file's state.
+LEDGER_SHAPES = st.lists(
+    st.tuples(
+        st.one_of(st.none(), st.integers(0, 7)),
+        st.one_of(st.none(), st.sampled_from(SUBMISSION_STATES)),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(shape=LEDGER_SHAPES)
+def test_the_share_queries_agree_with_share_of(tmp_path, shape):
+    """SHARE (SQL) finds each assignment's share as `share_of` does, and a share counts as
+    won exactly when one of its assignments has a live file. One ledger for every
+    example (emptied first): migrating one costs more than the check."""
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    try:
+        with ledger.session() as s:
+            for table in (Submission, Assignment, Member):
+                s.execute(delete(table))
+            s.add(Member(address="0xw", role="worker", status="healthy", registered_at=0.0))
+            s.flush()
+            covers = {}
+            for i, (earlier, _) in enumerate(shape, start=1):
+                # A re-issue names the share's first assignment, never another re-issue.
+                first = None if earlier is None else earlier + 1
+                covers[i] = (
+                    first if first is not None and first < i and covers[first] is None else None
+                )
+                s.add(
+                    Assignment(
+                        id=i,
+                        worker="0xw",
+                        step=0,
+                        seed=i,
+                        prompts=1,
+                        group_size=1,
+                        state="issued",
+                        issued_at=0.0,
+                        deadline=1.0,
+                        covers=covers[i],
+                    )
+                )
+            s.flush()
+            for i, (_, state) in enumerate(shape, start=1):
+                if state is not None:
+                    s.add(
+                        Submission(
+                            file_hash=f"{i:064x}",
+                            assignment_id=i,
+                            worker="0xw",
+                            step=0,
+                            stored_name=f"{i}.parquet",
+                            size=1,
+                            num_samples=1,
+                            num_nonzero=1,
+                            num_tokens=1,
+                            state=state,
+                            to_validate=False,
+                            uploaded_at=0.0,
+                        )
+                    )
+            s.flush()
+            shares = dict(s.execute(select(Assignment.id, SHARE)).tuples().all())
+            assert shares == {i: share_of(i, c) for i, c in covers.items()}
+            live = {"pending", "accepted"}
+            for share in set(shares.values()):
+                expected = any(
+                    shares[i] == share and state in live
+                    for i, (_, state) in enumerate(shape, start=1)
+                )
+                assert won(s.connection(), share) == expected
+    finally:
+        ledger.close()

@@ -28,7 +28,7 @@ from sqlalchemy import Connection, bindparam, func, select
 from sqlalchemy.orm import aliased
 
 from swarmrl.ledger import Assignment, Heartbeat, Submission
-from swarmrl.ledger.models import LIVE_STATES
+from swarmrl.ledger.models import LIVE_STATES, SHARE, share_of
 
 RECENT_RETURNS = 32  # newest returned assignments the usual duration is measured over
 
@@ -51,7 +51,6 @@ def share_won(share_id):
     return direct | covering
 
 
-SHARE = func.coalesce(Assignment.covers, Assignment.id)
 # The open shares of a step not won yet: the work a step may still expect.
 OPEN_SHARES = select(func.count(func.distinct(SHARE))).where(
     Assignment.step == bindparam("step"), Assignment.state == "issued", ~share_won(SHARE)
@@ -76,10 +75,6 @@ _RECENT_DURATIONS = (
     .order_by(Assignment.id.desc())
     .limit(RECENT_RETURNS)
 )
-
-
-def share_of(assignment_id: int, covers: int | None) -> int:
-    return assignment_id if covers is None else covers
 
 
 def won(c: Connection, share: int) -> bool:

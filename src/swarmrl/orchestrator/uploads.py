@@ -17,6 +17,7 @@ from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from swarmrl.ledger import Assignment, Member, Step, Submission
+from swarmrl.ledger.models import share_of
 from swarmrl.orchestrator import assignments, membership, speculation
 from swarmrl.orchestrator.config import OrchestratorConfig
 from swarmrl.orchestrator.errors import Refusal
@@ -104,7 +105,7 @@ def check_target(s: Session, worker: str, assignment_id: int, now: float) -> Ref
     returned. Both are known from the ledger alone, so the body is never read."""
     membership.member(s, worker, ["worker"])
     a = open_assignment(s, worker, assignment_id)
-    share = speculation.share_of(a.id, a.covers)
+    share = share_of(a.id, a.covers)
     if speculation.won(s.connection(), share):
         assignments.lapse(s, a, now)  # without penalty: the share came in
         return Refusal(
@@ -229,7 +230,7 @@ def record(
     stale = bool(parsed.policies) and min(parsed.policies) < a.step - cfg.async_level
     # Its share came in first from another worker (speculation.py): recorded void,
     # without penalty.
-    lost = speculation.won(c, speculation.share_of(assignment_id, a.covers))
+    lost = speculation.won(c, share_of(assignment_id, a.covers))
     sub = {
         "file_hash": upload.file_hash,
         "assignment_id": assignment_id,
