@@ -264,6 +264,7 @@ LEDGER_SHAPES = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(
     max_examples=30,
     deadline=None,
