@@ -323,7 +323,7 @@ def test_the_share_queries_agree_with_share_of(tmp_path, shape):
                         )
                     )
             s.flush()
-            shares = dict(s.execute(select(Assignment.id, SHARE)).tuples().all())
+            shares = dict(s.execute(select(Assignment.id, SHARE)).all())
             assert shares == {i: share_of(i, c) for i, c in covers.items()}
             live = {"pending", "accepted"}
             for share in set(shares.values()):
