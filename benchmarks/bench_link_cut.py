@@ -68,6 +68,8 @@ def start_orchestrator(tmp: Path, trainer: Identity, args, speculate: bool):
         "2",
         "--prior-yield",
         "1",
+        "--surplus",
+        str(args.surplus),
         "--validation-fraction",
         "0",
         "--heartbeat-seconds",
@@ -185,9 +187,10 @@ def run_mode(args, speculate: bool) -> dict:
         finally:
             ledger.close()
     # The cut worker may hold work of the step after the current one (max_ahead): the
-    # stall is the slowest step's excess over the median of the others.
-    slowest = max(range(len(durations)), key=durations.__getitem__)
-    median = statistics.median(d for i, d in enumerate(durations) if i != slowest)
+    # stall is the slowest step's excess over the median of the others. Step 0 also
+    # waits for the processes to start, so it is left out.
+    slowest = max(range(1, len(durations)), key=durations.__getitem__)
+    median = statistics.median(d for i, d in enumerate(durations) if i not in (0, slowest))
     return {
         "speculate": speculate,
         "step_seconds": [round(d, 2) for d in durations],
@@ -209,6 +212,13 @@ def main() -> None:
     p.add_argument("--heartbeat", type=float, default=2.0, help="swarmrl run: 2; standalone: 10")
     p.add_argument("--dead-seconds", type=float, default=60.0)
     p.add_argument("--assignment-seconds", type=float, default=120.0)
+    p.add_argument(
+        "--surplus",
+        type=float,
+        default=0.0,
+        help="the pool's spare share (swarmrl run: 0.1); 0: no spare assignment covers the "
+        "cut one, so without speculation its step waits for it",
+    )
     p.add_argument("--modes", default="off,on", help="off (--no-speculate), on, or both")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()

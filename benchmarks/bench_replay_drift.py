@@ -30,8 +30,10 @@ What it does, per model family:
   straddles the uniform; the bound drift shows the margin on every token.
 
 Output: one JSON line per (family, worker threads, files per call, validator threads)
-cell with samples, tokens, verdicts, and the worst of each figure, appended to
-``--out`` as each cell finishes; then a table per family and thread count. Cost: about
+cell with samples, tokens, verdicts, and the worst of each figure, written to
+``--out`` after each round; then ``drift_report.py``'s tables: counts per family and
+thread count, each worst honest figure against the validator's default threshold, and
+the candidate replay policies. Cost: about
 the worker's generation time plus one validation per validator thread count.
 """
 
@@ -53,6 +55,7 @@ import torch
 import swarmrl.generation.sampler as sampler_module
 import swarmrl.validator.prefill as prefill_module
 import swarmrl.validator.verdict as verdict_module
+from drift_report import report
 from swarmrl.assignment import Assignment, assign
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import load_config
@@ -414,43 +417,6 @@ def write_cells(out: Path, family: str, cells: list[Cell]) -> None:
     tmp.rename(path)
 
 
-def summary(cells: list[Cell]) -> list[dict]:
-    """Per family and validator thread count: samples, rejects and the worst figures."""
-    rows = []
-    for family in dict.fromkeys(c.family for c in cells):
-        for v in sorted({c.validator_threads for c in cells}):
-            group = [c for c in cells if c.family == family and c.validator_threads == v]
-            rows.append(
-                {
-                    "family": family,
-                    "validator_threads": v,
-                    "samples": sum(c.samples for c in group),
-                    "tokens": sum(c.tokens for c in group),
-                    "not_accepted": sum(
-                        n for c in group for s, n in c.verdicts.items() if s != "accepted"
-                    ),
-                    "max_bound_drift": max(c.max_bound_drift for c in group),
-                    "max_drawn_bound_drift": max(c.max_drawn_bound_drift for c in group),
-                    "max_replay_excess": max(c.max_replay_excess for c in group),
-                    "max_logprob_diff": max(c.max_logprob_diff for c in group),
-                    "max_exp_mismatches": max(c.max_exp_mismatches for c in group),
-                    "max_mant_err_mean": max(c.max_mant_err_mean for c in group),
-                    "max_mant_err_median": max(c.max_mant_err_median for c in group),
-                    "min_pit_p": min(c.min_pit_p for c in group),
-                    "max_abs_z": max(c.max_abs_z for c in group),
-                    "expected_misses": {
-                        t: sum(c.expected_misses[t] for c in group)
-                        for t in group[0].expected_misses
-                    },
-                    "rejected_samples": {
-                        t: sum(c.rejected_samples[t] for c in group)
-                        for t in group[0].rejected_samples
-                    },
-                }
-            )
-    return rows
-
-
 def _ints(text: str) -> list[int]:
     values = [int(part) for part in text.split(",")]
     if not values or min(values) < 1 or len(set(values)) != len(values):
@@ -510,29 +476,8 @@ def main() -> None:
     cells: list[Cell] = []
     for n, family in enumerate(args.families.split(",")):
         cells += run_family(family, family_dir(family, args.models), args, 10**6 * n, deadline)
-    rows = summary(cells)
-    print(
-        f"{'family':10s} {'v.thr':>5s} {'samples':>8s} {'rejects':>7s} {'bound drift':>11s} "
-        f"{'drawn drift':>11s} {'replay exc.':>11s} {'logprob':>9s} {'exp mm':>6s} "
-        f"{'mant mean':>9s} {'min PIT p':>9s}"
-    )
-    for r in rows:
-        print(
-            f"{r['family']:10s} {r['validator_threads']:5d} {r['samples']:8d} "
-            f"{r['not_accepted']:7d} {r['max_bound_drift']:11.3g} {r['max_drawn_bound_drift']:11.3g} "
-            f"{r['max_replay_excess']:11.3g} {r['max_logprob_diff']:9.3g} "
-            f"{r['max_exp_mismatches']:6d} {r['max_mant_err_mean']:9.3g} {r['min_pit_p']:9.3g}"
-        )
-    print(
-        "per replay policy (tolerance/slack below the floor 1e-4): honest samples the replay "
-        "rejects | expected per 100,000 samples"
-    )
-    for r in rows:
-        per = 1e5 / max(r["samples"], 1)
-        print(f"{r['family']:10s} {r['validator_threads']:5d}")
-        for name, expected in r["expected_misses"].items():
-            print(f"    {name:14s} {r['rejected_samples'][name]:5d} | {expected * per:.3g}")
-    print(json.dumps({"summary": summary(cells)}))
+    # The same report as drift_report.py gives from the written cells.
+    print(json.dumps(report([c.row() for c in cells])))
 
 
 if __name__ == "__main__":

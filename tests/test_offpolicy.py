@@ -7,9 +7,11 @@ import math
 import pytest
 import torch
 
+from swarmrl.config import load_config
 from swarmrl.trainer.loss import GRPOLossInput, grpo_loss
 from swarmrl.trainer.offpolicy import OffPolicySettings, behaviour_stats, behaviour_weights
 from swarmrl.trainer.trainer import learning_rate
+from swarmrl.trainer.update import UpdateSettings
 
 
 def _weights(rho, mode, mask=None, **kw):
@@ -165,3 +167,14 @@ def test_a_step_trains_on_what_it_has_after_reading_max_read_ratio_batches():
     assert not enough(c, TrainerConfig(batch_samples=128, max_read_ratio=0))  # the paper's rule
     c.groups = [[None] * 8] * 16  # type: ignore[list-item]
     assert enough(c, TrainerConfig(batch_samples=128, max_read_ratio=0))  # a full batch
+
+
+def test_one_default_correction_the_run_configs():
+    """The update's default correction is what a default run's trainer uses: tis."""
+    from_run = OffPolicySettings.of(load_config(None, {}).trainer)
+    assert from_run.mode == "tis"
+    assert OffPolicySettings() == from_run
+    update = UpdateSettings(0.6, 48, 0.2, 4.0, 0.0, 1.0, None)
+    assert update.off_policy == from_run
+    changed = load_config(None, {"trainer.off_policy": "icepop", "trainer.tis_cap": 3.0})
+    assert OffPolicySettings.of(changed.trainer) == OffPolicySettings(mode="icepop", tis_cap=3.0)

@@ -6,6 +6,7 @@ of it, answer 4xx, and change nothing it should not."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -116,6 +117,19 @@ def server(tmp_path_factory):
 
 
 # -- hole 1: one unauthenticated body killed the process ----------------------------------
+
+
+def test_the_hostile_tests_cover_every_json_endpoint(server):
+    """JSON_ENDPOINTS is every POST route the live server documents (each reads a JSON
+    body or none; a path parameter taken as 0), so a new endpoint is attacked here too."""
+    _, url, *_ = server
+    schema = httpx.get(url + "/openapi.json", timeout=30).json()
+    posts = {
+        re.sub(r"\{[^}]+\}", "0", path)
+        for path, methods in schema["paths"].items()
+        if "post" in methods
+    }
+    assert posts == set(JSON_ENDPOINTS)
 
 
 @pytest.mark.parametrize("path", JSON_ENDPOINTS)

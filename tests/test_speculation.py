@@ -1,27 +1,37 @@
 """One silent worker does not stall the pool: a real orchestrator process and two worker
 processes, one stopped with SIGSTOP (its link cut, as far as the pool can tell) while it
 holds an assignment. The idle worker gets the stalled share within a heartbeat; the
-stopped worker's late file is voided without penalty; nothing is credited twice."""
+stopped worker's late upload is refused before its body is read, without penalty;
+nothing is credited twice."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import delete, select
 
-from pool_fixtures import orchestrator_process
-from swarmrl.identity import Identity, generate_key_file
+from pool_fixtures import orchestrator_process, pool_id
+from swarmrl.identity import Identity, generate_key_file, load_identity, sign_request
 from swarmrl.ledger import Assignment, Ledger, Member, Submission, check_ledger
-from swarmrl.orchestrator.speculation import silence_allowed
+from swarmrl.ledger.models import SHARE, share_of
+from swarmrl.orchestrator.speculation import silence_allowed, won
 from swarmrl.protocol import PoolClient
+from swarmrl.protocol.models import SUBMISSION_STATES
 
 HEARTBEAT = 1.0
 GEN = 0.5
@@ -68,12 +78,19 @@ class SimWorker:
     """A `sim_worker.py` process and the lines it printed, with when they came."""
 
     def __init__(self, url: str, tmp_path: Path, name: str) -> None:
-        key = tmp_path / f"{name}.key"
-        self.address = generate_key_file(key).address
+        self.key = tmp_path / f"{name}.key"
+        self.address = generate_key_file(self.key).address
         workdir = tmp_path / name
         workdir.mkdir()
         self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "sim_worker.py"), url, str(key), str(workdir), str(GEN)],
+            [
+                sys.executable,
+                str(HERE / "sim_worker.py"),
+                url,
+                str(self.key),
+                str(workdir),
+                str(GEN),
+            ],
             stdout=subprocess.PIPE,
             text=True,
             env=os.environ | {"PYTHONUNBUFFERED": "1"},
@@ -101,6 +118,43 @@ class SimWorker:
             self.proc.send_signal(signal.SIGCONT)
             self.proc.terminate()
             self.proc.wait(timeout=30)
+
+
+def headers_only_upload(
+    url: str, identity: Identity, assignment_id: int, declared: int
+) -> tuple[int, dict]:
+    """Start a signed rollout upload that declares `declared` bytes and send none of them:
+    the status and JSON body of the answer. A server that reads the body before it
+    refuses never answers (the socket times out)."""
+    sha256 = hashlib.sha256(bytes(declared)).hexdigest()
+    path = f"/v1/assignments/{assignment_id}/rollout?sha256={sha256}"
+    signed = sign_request(identity, "PUT", path, sha256, pool=pool_id(url))
+    where = urlsplit(url)
+    assert where.scheme == "http" and where.hostname and where.port
+    head = [
+        f"PUT {path} HTTP/1.1",
+        f"Host: {where.netloc}",
+        "Content-Type: application/octet-stream",
+        f"Content-Length: {declared}",
+        *(f"{k}: {v}" for k, v in signed.items()),
+    ]
+    with socket.create_connection((where.hostname, where.port), timeout=20) as sock:
+        sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += sock.recv(65536) or b"?" * 4  # closed: fail on the status below
+        top, _, body = answer.partition(b"\r\n\r\n")
+        lines = top.decode("latin-1").split("\r\n")
+        length = next(
+            int(line.split(":", 1)[1])
+            for line in lines
+            if line.lower().startswith("content-length:")
+        )
+        while len(body) < length:
+            more = sock.recv(65536)
+            assert more, "the connection closed mid-answer"
+            body += more
+    return int(lines[0].split()[1]), json.loads(body)
 
 
 def step_full_within(url: str, timeout: float) -> float | None:
@@ -135,7 +189,8 @@ def test_a_stopped_worker_does_not_stall_its_step(tmp_path, speculate):
                         stalled = w
                         break
                 time.sleep(0.01)
-            assert stalled.wait_for("holding", 30).split()[2] == "0"
+            holding = stalled.wait_for("holding", 30).split()
+            assert holding[2] == "0"
             stalled.proc.send_signal(signal.SIGSTOP)
             if not speculate:
                 # Nothing moves while it is stopped: its assignment is out for 600 s.
@@ -151,9 +206,16 @@ def test_a_stopped_worker_does_not_stall_its_step(tmp_path, speculate):
                 for m in httpx.get(f"{url}/v1/status").json()["members"]
                 if m["address"] == stalled.address
             )
+            # Its share is settled: an upload for it is refused from the ledger alone,
+            # before the body (10 MB declared, none sent) is read.
+            status_code, problem = headers_only_upload(
+                url, load_identity(stalled.key), int(holding[1]), 10_000_000
+            )
+            assert (status_code, problem["code"]) == (409, "conflict"), problem
+            assert "came in first" in problem["detail"]
             stalled.proc.send_signal(signal.SIGCONT)
-            # Its file comes second: recorded, voided, without penalty.
-            assert stalled.wait_for("uploaded", 30).endswith("voided")
+            # Its own upload is refused the same way, without penalty.
+            assert stalled.wait_for("refused", 30) == f"refused {holding[1]} 409"
             listed = t.submissions_for_step(0).submissions
             assert len(listed) == 2 and stalled.address not in {x.worker for x in listed}
             t.mark_trained(0, [x.file_hash for x in listed])
@@ -177,9 +239,98 @@ def test_a_stopped_worker_does_not_stall_its_step(tmp_path, speculate):
             member = s.get_one(Member, stalled.address)
             assert (member.lapses, member.soft_invalidated_at) == (0, None)
             states = sorted(x.state for x in s.query(Submission))
-            assert states == ["pending", "pending", "voided"]
+            assert states == ["pending", "pending"]
+            assert s.get_one(Assignment, int(holding[1])).state == "lapsed"
     finally:
         ledger.close()
-    # Paid for the two files trained, 4 samples each, not for the voided one.
+    # Paid for the two files trained, 4 samples each, nothing for the refused one.
     paid = {m["address"]: m["paid"] for m in status["members"] if m["role"] == "worker"}
     assert sum(paid.values()) == 8 and paid[stalled.address] == 0
+
+
+def test_an_assignment_fills_its_own_share_or_the_one_it_covers():
+    assert share_of(7, None) == 7
+    assert share_of(9, 7) == 7
+
+
+# Per assignment: which earlier one it re-issues (None: none), and its file's state.
+LEDGER_SHAPES = st.lists(
+    st.tuples(
+        st.one_of(st.none(), st.integers(0, 7)),
+        st.one_of(st.none(), st.sampled_from(SUBMISSION_STATES)),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(shape=LEDGER_SHAPES)
+def test_the_share_queries_agree_with_share_of(tmp_path, shape):
+    """SHARE (SQL) finds each assignment's share as `share_of` does, and a share counts as
+    won exactly when one of its assignments has a live file. One ledger for every
+    example (emptied first): migrating one costs more than the check."""
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    try:
+        with ledger.session() as s:
+            for table in (Submission, Assignment, Member):
+                s.execute(delete(table))
+            s.add(Member(address="0xw", role="worker", status="healthy", registered_at=0.0))
+            s.flush()
+            covers = {}
+            for i, (earlier, _) in enumerate(shape, start=1):
+                # A re-issue names the share's first assignment, never another re-issue.
+                first = None if earlier is None else earlier + 1
+                covers[i] = (
+                    first if first is not None and first < i and covers[first] is None else None
+                )
+                s.add(
+                    Assignment(
+                        id=i,
+                        worker="0xw",
+                        step=0,
+                        seed=i,
+                        prompts=1,
+                        group_size=1,
+                        state="issued",
+                        issued_at=0.0,
+                        deadline=1.0,
+                        covers=covers[i],
+                    )
+                )
+            s.flush()
+            for i, (_, state) in enumerate(shape, start=1):
+                if state is not None:
+                    s.add(
+                        Submission(
+                            file_hash=f"{i:064x}",
+                            assignment_id=i,
+                            worker="0xw",
+                            step=0,
+                            stored_name=f"{i}.parquet",
+                            size=1,
+                            num_samples=1,
+                            num_nonzero=1,
+                            num_tokens=1,
+                            state=state,
+                            to_validate=False,
+                            uploaded_at=0.0,
+                        )
+                    )
+            s.flush()
+            shares = dict(s.execute(select(Assignment.id, SHARE)).all())
+            assert shares == {i: share_of(i, c) for i, c in covers.items()}
+            live = {"pending", "accepted"}
+            for share in set(shares.values()):
+                expected = any(
+                    shares[i] == share and state in live
+                    for i, (_, state) in enumerate(shape, start=1)
+                )
+                assert won(s.connection(), share) == expected
+    finally:
+        ledger.close()

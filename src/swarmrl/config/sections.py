@@ -152,6 +152,10 @@ class ShardcastConfig(_Section):
     )
 
 
+# The trainer's corrections for samples of an older policy (trainer/offpolicy.py).
+OffPolicyMode = Literal["none", "tis", "icepop", "seq_mask"]
+
+
 class TrainerConfig(_Section):
     steps: int = Field(50, ge=0, description="rollout steps to train (checkpoints 1..steps)")
     batch_samples: int = Field(
@@ -185,7 +189,7 @@ class TrainerConfig(_Section):
         4.0, gt=1, description="cap on the ratio for negative advantages (paper: 4)"
     )
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus coefficient (0 = off)")
-    off_policy: Literal["none", "tis", "icepop", "seq_mask"] = Field(
+    off_policy: OffPolicyMode = Field(
         "tis",
         description="correction for samples drawn by an older policy than the trainer's (trainer/offpolicy.py): tis = token weight min(rho, tis_cap), icepop = weight rho inside icepop_band and 0 outside, seq_mask = mask a sequence whose geometric-mean rho leaves seq_mask_band, none = no correction; rho = pi_n / worker's sampling probability",
     )

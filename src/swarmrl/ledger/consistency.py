@@ -22,6 +22,7 @@ from swarmrl.ledger.models import (
     Submission,
     Taint,
     Verdict,
+    share_of,
 )
 
 # How each journal kind moves an account's (balance, stake).
@@ -92,7 +93,7 @@ def check_ledger(session: Session) -> list[str]:
             problems.append(f"submission {s.file_hash[:12]} was trained before its verdict")
     # A re-issued share (assignments.covers) is filled once: the later file is voided.
     live_per_share = Counter(
-        a.covers if a.covers is not None else a.id
+        share_of(a.id, a.covers)
         for s in submissions
         if s.state in LIVE_STATES and (a := assignments.get(s.assignment_id)) is not None
     )

@@ -22,6 +22,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    func,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -146,6 +147,17 @@ class Assignment(Base):
     # (its holder fell silent or lagged). Of the two, the first good upload counts; the
     # other's file is voided, without penalty to either worker.
     covers: Mapped[int | None] = mapped_column(Integer, index=True)
+
+
+def share_of(assignment_id: int, covers: int | None) -> int:
+    """The share an assignment fills: its own id, or the id of the assignment it
+    re-issues (`covers`). Of a share's assignments at most one file counts."""
+    return assignment_id if covers is None else covers
+
+
+# `share_of` in SQL, for the queries that count or match shares (the ledger's tests check
+# that the two agree on every row).
+SHARE = func.coalesce(Assignment.covers, Assignment.id)
 
 
 class Submission(Base):

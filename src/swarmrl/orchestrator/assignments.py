@@ -16,7 +16,7 @@ from sqlalchemy import Connection, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from swarmrl.ledger import Assignment, Checkpoint, Member, Step, Submission
-from swarmrl.ledger.models import LIVE_STATES
+from swarmrl.ledger.models import LIVE_STATES, share_of
 from swarmrl.orchestrator import membership, speculation
 from swarmrl.orchestrator.config import OrchestratorConfig
 from swarmrl.orchestrator.issuance import assignment_seed, assignments_needed
@@ -228,7 +228,7 @@ def lapse(s: Session, a: Assignment, now: float) -> None:
     validated more often), unless its share came in from another worker."""
     a.state = "lapsed"
     a.closed_at = now
-    if speculation.won(s.connection(), speculation.share_of(a.id, a.covers)):
+    if speculation.won(s.connection(), share_of(a.id, a.covers)):
         return  # its share came in from another worker: the pool lost nothing by it
     m = s.get_one(Member, a.worker)
     m.lapses += 1

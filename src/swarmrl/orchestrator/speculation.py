@@ -12,8 +12,9 @@ The share of an overdue assignment (the first assignment's id; a re-issue names 
 own id and seed, so validators recompute its prompts like any other's.
 
 Of a share's assignments the first whose upload is accepted counts; a later upload for
-the same share is recorded voided, and one never returned lapses, neither counted
-against its worker (the pool lost nothing by it). A voided file is never listed for the
+the same share is refused before its body is read (one already streaming in is recorded
+voided), and one never returned lapses, neither counted against its worker (the pool
+lost nothing by it). A voided file is never listed for the
 trainer, credited or paid, so nothing counts twice. A step's open work is counted in
 shares, so a re-issue does not make the step look better covered than it is.
 """
@@ -27,7 +28,7 @@ from sqlalchemy import Connection, bindparam, func, select
 from sqlalchemy.orm import aliased
 
 from swarmrl.ledger import Assignment, Heartbeat, Submission
-from swarmrl.ledger.models import LIVE_STATES
+from swarmrl.ledger.models import LIVE_STATES, SHARE, share_of
 
 RECENT_RETURNS = 32  # newest returned assignments the usual duration is measured over
 
@@ -50,7 +51,6 @@ def share_won(share_id):
     return direct | covering
 
 
-SHARE = func.coalesce(Assignment.covers, Assignment.id)
 # The open shares of a step not won yet: the work a step may still expect.
 OPEN_SHARES = select(func.count(func.distinct(SHARE))).where(
     Assignment.step == bindparam("step"), Assignment.state == "issued", ~share_won(SHARE)
@@ -75,10 +75,6 @@ _RECENT_DURATIONS = (
     .order_by(Assignment.id.desc())
     .limit(RECENT_RETURNS)
 )
-
-
-def share_of(assignment_id: int, covers: int | None) -> int:
-    return assignment_id if covers is None else covers
 
 
 def won(c: Connection, share: int) -> bool:

@@ -1,7 +1,8 @@
 """A worker's file coming in: checked against its assignment, stored, recorded.
 
 Worker data is hostile input. Before any byte is read, the sender must hold the open
-assignment within its deadline (`check_target`); the file is then parsed against the
+assignment within its deadline, its share not already won by another worker's file
+(`check_target`); the file is then parsed against the
 assignment's exact bounds (`bounds`) before the pool's lock is taken, and recorded
 under it (`record`). A file refused for what it holds lapses its assignment
 (`refused_file`): each hostile file costs its sender an assignment.
@@ -16,6 +17,7 @@ from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from swarmrl.ledger import Assignment, Member, Step, Submission
+from swarmrl.ledger.models import share_of
 from swarmrl.orchestrator import assignments, membership, speculation
 from swarmrl.orchestrator.config import OrchestratorConfig
 from swarmrl.orchestrator.errors import Refusal
@@ -97,11 +99,21 @@ def open_assignment(s: Session, worker: str, assignment_id: int) -> Assignment:
 
 
 def check_target(s: Session, worker: str, assignment_id: int, now: float) -> Refusal | None:
-    """The sender is a worker holding this open assignment; a late one lapses now (soft,
-    no slash, the work is void) and the refusal to raise once that is committed is
-    returned."""
+    """The sender is a worker holding this open assignment; a late one, or one whose
+    share another worker's file already won (speculation.py), lapses now (soft, no
+    slash, the work is void) and the refusal to raise once that is committed is
+    returned. Both are known from the ledger alone, so the body is never read."""
     membership.member(s, worker, ["worker"])
     a = open_assignment(s, worker, assignment_id)
+    share = share_of(a.id, a.covers)
+    if speculation.won(s.connection(), share):
+        assignments.lapse(s, a, now)  # without penalty: the share came in
+        return Refusal(
+            409,
+            "conflict",
+            f"assignment {assignment_id} is void: another worker's file for its share "
+            f"(assignment {share}) came in first; no penalty",
+        )
     if a.deadline >= now:
         return None
     assignments.lapse(s, a, now)
@@ -218,7 +230,7 @@ def record(
     stale = bool(parsed.policies) and min(parsed.policies) < a.step - cfg.async_level
     # Its share came in first from another worker (speculation.py): recorded void,
     # without penalty.
-    lost = speculation.won(c, speculation.share_of(assignment_id, a.covers))
+    lost = speculation.won(c, share_of(assignment_id, a.covers))
     sub = {
         "file_hash": upload.file_hash,
         "assignment_id": assignment_id,

@@ -30,19 +30,33 @@ Everything here is pure and works on [B, T] tensors with a 0/1 completion mask.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-OffPolicyMode = Literal["none", "tis", "icepop", "seq_mask"]
+from swarmrl.config.sections import OffPolicyMode, TrainerConfig
+
+_RUN = TrainerConfig()  # the defaults are the run config's, stated there once
 
 
 @dataclass(frozen=True)
 class OffPolicySettings:
-    mode: OffPolicyMode = "none"
-    tis_cap: float = 2.0
-    band: tuple[float, float] = (0.5, 5.0)  # icepop's token band, ρ in [low, high] kept
-    seq_band: tuple[float, float] = (0.5, 2.0)  # seq_mask's band on the geometric mean
+    """Which correction, and its bounds; by default the run config's (`trainer.off_policy`,
+    `tis_cap`, `icepop_band`, `seq_mask_band`)."""
+
+    mode: OffPolicyMode = _RUN.off_policy
+    tis_cap: float = _RUN.tis_cap
+    band: tuple[float, float] = _RUN.icepop_band  # icepop's token band, ρ in [low, high] kept
+    seq_band: tuple[float, float] = _RUN.seq_mask_band  # seq_mask's band on the geometric mean
+
+    @classmethod
+    def of(cls, trainer: TrainerConfig) -> OffPolicySettings:
+        """The settings a run's trainer section asks for."""
+        return cls(
+            mode=trainer.off_policy,
+            tis_cap=trainer.tis_cap,
+            band=trainer.icepop_band,
+            seq_band=trainer.seq_mask_band,
+        )
 
 
 @dataclass(frozen=True)

@@ -283,12 +283,7 @@ class Trainer:
             entropy_coef=tc.entropy_coef,
             grad_clip=tc.grad_clip,
             micro_batch_samples=tc.micro_batch_samples,
-            off_policy=OffPolicySettings(
-                mode=tc.off_policy,
-                tis_cap=tc.tis_cap,
-                band=tc.icepop_band,
-                seq_band=tc.seq_mask_band,
-            ),
+            off_policy=OffPolicySettings.of(tc),
         )
         update = rollout_update(
             self.model,
