@@ -48,14 +48,14 @@ from swarmrl.checkpoints import (
     trainer_state_path,
 )
 from swarmrl.config import RunConfig, TrainerConfig
-from swarmrl.protocol import PoolClient, recipe
+from swarmrl.protocol import PoolClient, PoolRefused, recipe
 from swarmrl.protocol.membership import Membership
 from swarmrl.rollouts import RolloutBounds
 from swarmrl.tasks.registry import build_task
 from swarmrl.trainer import distributed
 from swarmrl.trainer.batches import Sample
 from swarmrl.trainer.inputs import RolloutSource, StepCollector
-from swarmrl.trainer.metrics import StepMetrics, read_metrics
+from swarmrl.trainer.metrics import StepMetrics, dashboard_report, read_metrics
 from swarmrl.trainer.offpolicy import OffPolicySettings
 from swarmrl.trainer.pool_source import PoolRolloutSource
 from swarmrl.trainer.state import load_trainer_state, save_trainer_state
@@ -206,6 +206,19 @@ class Trainer:
             blake3 = self.origin.publish(step, checkpoint_dir(self.ckpt_root, step)).blake3
         if self.client is not None:
             self.client.announce_checkpoint(step, blake3, final=final)
+
+    def _report(self, record: StepMetrics) -> None:
+        """The step's curves to the orchestrator's dashboard. The file above is the record;
+        a refusal here (an orchestrator without the route) costs the dashboard a point,
+        not the run its step."""
+        if self.client is None:
+            return
+        try:
+            self.client.report_metrics(dashboard_report(record))
+        except PoolRefused as exc:
+            log.warning(
+                "step %d: the orchestrator refused the step's metrics: %s", record.step, exc
+            )
 
     def _repair_metrics(self, last_record: StepMetrics | None) -> None:
         kept = [m for m in read_metrics(self.metrics_path) if m.step < self.step]
@@ -368,6 +381,7 @@ class Trainer:
             self._publish(n + 1, final=n + 1 >= tc.steps)
             with open(self.metrics_path, "a") as fh:
                 fh.write(record.line())
+            self._report(record)
             self.step = n + 1
             prune_checkpoints(self.ckpt_root, keep, protect={0})
             if on_step is not None:
