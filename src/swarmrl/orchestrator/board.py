@@ -2,9 +2,9 @@
 each member's files and held checkpoint, verdicts over time by check, and each
 checkpoint's spread, read from the ledger in one session.
 
-Read-only, like `status.py`. Every list is bounded (the newest `VERDICTS_SHOWN`
-verdicts, `CHECKPOINTS_SHOWN` checkpoints), except the members and the curves, which
-grow with the pool and the run, not with what strangers send.
+Read-only, like `status.py`. Every list is bounded (verdict counts of the newest
+`VERDICTS_STEPS` steps, the newest `CHECKPOINTS_SHOWN` checkpoints), except the members
+and the curves, which grow with the pool and the run, not with what strangers send.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from swarmrl.ledger import Assignment, Checkpoint, Heartbeat, Member, Submission
 from swarmrl.ledger.models import CheckpointArrival, TrainingMetrics
 from swarmrl.protocol import models as api
 
-VERDICTS_SHOWN = 2000
+VERDICTS_STEPS = 200  # verdicts over time: the newest this many judged steps
 CHECKPOINTS_SHOWN = 20
 PACE_CHECKPOINTS = 10  # steps per minute over the newest this many checkpoints
 
@@ -27,11 +27,12 @@ class RunPace(BaseModel):
     steps_total: int | None
     steps_per_minute: float | None = Field(description="over the newest checkpoints")
     eta_seconds: float | None = Field(description="to the last step at that pace")
-    needed: int = Field(0, description="the current step's usable samples needed")
-    issued: int = Field(0, description="samples the step's assignments asked for")
-    uploaded: int = Field(0, description="samples in the step's uploaded files")
-    usable: int = 0
-    trained: int = Field(0, description="samples of the step's files the trainer trained")
+    # The current step's samples; None while it has not opened (or the run is over).
+    needed: int | None = Field(None, description="the current step's usable samples needed")
+    issued: int | None = Field(None, description="samples the step's assignments asked for")
+    uploaded: int | None = Field(None, description="samples in the step's uploaded files")
+    usable: int | None = None
+    trained: int | None = Field(None, description="samples of its files the trainer trained")
 
 
 class CurvePoint(BaseModel):
@@ -62,25 +63,24 @@ class MemberActivity(BaseModel):
     holds: int | None = Field(None, description="the newest checkpoint its heartbeat says it holds")
 
 
-class VerdictEvent(BaseModel):
-    at: float
-    step: int
+class VerdictCount(BaseModel):
+    step: int = Field(description="the judged files' step")
     outcome: str = Field(description="accepted, rejected or soft")
     check: str | None = Field(description="the failed check a reject names")
-
-
-class Arrival(BaseModel):
-    address: str
-    role: str
-    seconds: float = Field(description="from the checkpoint's announcement to its first heartbeat")
+    files: int
 
 
 class CheckpointSpread(BaseModel):
+    """How far a checkpoint got: the members whose heartbeat said they hold it, and the
+    seconds from its announcement to the first and the last of them."""
+
     step: int
     blake3: str
     announced_at: float
     final: bool
-    arrivals: list[Arrival]
+    held_by: dict[str, int] = Field(description="members holding it, by role")
+    first_seconds: float | None
+    last_seconds: float | None
 
 
 class Dashboard(BaseModel):
@@ -89,7 +89,9 @@ class Dashboard(BaseModel):
     run: RunPace
     curves: list[CurvePoint]
     members: list[MemberActivity]
-    verdicts: list[VerdictEvent] = Field(description=f"the newest {VERDICTS_SHOWN}, oldest first")
+    verdicts: list[VerdictCount] = Field(
+        description=f"verdicts of the newest {VERDICTS_STEPS} judged steps, by outcome and check"
+    )
     by_check: dict[str, int] = Field(description="rejects of every verdict, by failed check")
     checkpoints: list[CheckpointSpread] = Field(description="the newest, oldest first")
 
@@ -199,70 +201,87 @@ def member_activity(s: Session) -> list[MemberActivity]:
     return [MemberActivity(**row) for row in rows.values()]
 
 
-def verdict_events(s: Session) -> tuple[list[VerdictEvent], dict[str, int]]:
-    newest = s.execute(
-        select(Verdict.decided_at, Submission.step, Verdict.accepted, Verdict.soft, Verdict.reason)
+def verdict_counts(s: Session) -> tuple[list[VerdictCount], dict[str, int]]:
+    """Verdicts by step, outcome and failed check (the newest `VERDICTS_STEPS` steps), and
+    all rejects by failed check. Accepts are counted in SQL; rejects are few (each one
+    ejects a worker) and read one by one for the check their reason names."""
+    newest = s.scalar(select(func.max(Submission.step)).join(Verdict)) or 0
+    since = newest - VERDICTS_STEPS + 1
+    counts: dict[tuple[int, str, str | None], int] = {}
+    for step, accepted, _soft, n in s.execute(
+        select(Submission.step, Verdict.accepted, Verdict.soft, func.count())
         .join(Submission, Submission.file_hash == Verdict.file_hash)
-        .order_by(Verdict.decided_at.desc())
-        .limit(VERDICTS_SHOWN)
-    ).all()
-    events = [
-        VerdictEvent(
-            at=at,
-            step=step,
-            outcome="accepted" if accepted else "soft" if soft else "rejected",
-            check=None if accepted or soft else failed_check(reason),
-        )
-        for at, step, accepted, soft, reason in reversed(newest)
-    ]
+        .where(Submission.step >= since, Verdict.accepted | Verdict.soft)
+        .group_by(Submission.step, Verdict.accepted, Verdict.soft)
+    ):
+        counts[(step, "accepted" if accepted else "soft", None)] = n
     by_check: dict[str, int] = {}
-    for (reason,) in s.execute(
-        select(Verdict.reason).where(Verdict.accepted.is_(False), Verdict.soft.is_(False))
+    for step, reason in s.execute(
+        select(Submission.step, Verdict.reason)
+        .join(Submission, Submission.file_hash == Verdict.file_hash)
+        .where(Verdict.accepted.is_(False), Verdict.soft.is_(False))
     ):
         check = failed_check(reason)
         by_check[check] = by_check.get(check, 0) + 1
-    return events, by_check
+        if step >= since:
+            counts[(step, "rejected", check)] = counts.get((step, "rejected", check), 0) + 1
+    shown = [
+        VerdictCount(step=step, outcome=outcome, check=check, files=n)
+        for (step, outcome, check), n in sorted(
+            counts.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or "")
+        )
+    ]
+    return shown, by_check
 
 
 def checkpoint_spread(s: Session) -> list[CheckpointSpread]:
     shown = s.scalars(
         select(Checkpoint).order_by(Checkpoint.step.desc()).limit(CHECKPOINTS_SHOWN)
     ).all()
-    arrivals: dict[int, list[Arrival]] = {}
+    roles: dict[int, dict[str, int]] = {}
+    span: dict[int, tuple[float, float]] = {}
     if shown:
-        announced = {c.step: c.announced_at for c in shown}
-        for address, role, step, at in s.execute(
+        for role, step, n, earliest, latest in s.execute(
             select(
-                CheckpointArrival.address, Member.role, CheckpointArrival.step, CheckpointArrival.at
+                Member.role,
+                CheckpointArrival.step,
+                func.count(),
+                func.min(CheckpointArrival.at),
+                func.max(CheckpointArrival.at),
             )
             .join(Member, Member.address == CheckpointArrival.address)
-            .where(CheckpointArrival.step.in_(announced))
-            .order_by(CheckpointArrival.at)
+            .where(CheckpointArrival.step.in_([c.step for c in shown]))
+            .group_by(Member.role, CheckpointArrival.step)
         ):
-            arrivals.setdefault(step, []).append(
-                Arrival(address=address, role=role, seconds=max(0.0, at - announced[step]))
+            roles.setdefault(step, {})[role] = n
+            low, high = span.get(step, (earliest, latest))
+            span[step] = (min(low, earliest), max(high, latest))
+    spread = []
+    for c in reversed(shown):
+        first, last = span.get(c.step) or (None, None)
+        spread.append(
+            CheckpointSpread(
+                step=c.step,
+                blake3=c.blake3,
+                announced_at=c.announced_at,
+                final=c.final,
+                held_by=roles.get(c.step, {}),
+                first_seconds=None if first is None else max(0.0, first - c.announced_at),
+                last_seconds=None if last is None else max(0.0, last - c.announced_at),
             )
-    return [
-        CheckpointSpread(
-            step=c.step,
-            blake3=c.blake3,
-            announced_at=c.announced_at,
-            final=c.final,
-            arrivals=arrivals.get(c.step, []),
         )
-        for c in reversed(shown)
-    ]
+    return spread
 
 
 def dashboard(s: Session, status: api.PoolStatus, now: float) -> Dashboard:
-    events, by_check = verdict_events(s)
+    verdicts, by_check = verdict_counts(s)
     return Dashboard(
         now=now,
         status=status,
         run=run_pace(s, status),
         curves=curves(s),
         members=member_activity(s),
-        verdicts=events,
+        verdicts=verdicts,
         by_check=by_check,
         checkpoints=checkpoint_spread(s),
     )

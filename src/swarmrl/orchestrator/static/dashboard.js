@@ -35,6 +35,16 @@ function duration(seconds) {
   return (s / 3600).toFixed(1) + " h";
 }
 
+function short(address) {
+  return address.length > 14 ? address.slice(0, 8) + "…" + address.slice(-4) : address;
+}
+
+function addressCell(row, address) {
+  const td = cell(row, short(address), "address", "text");
+  td.title = address;
+  return td;
+}
+
 function set(id, value) {
   document.getElementById(id).textContent = value;
 }
@@ -99,15 +109,15 @@ function lineChart(title, points, key) {
 }
 
 // Verdicts per step, stacked by outcome.
-function verdictChart(events) {
+function verdictChart(counts) {
   const W = 540, H = 140, L = 30, R = 8, T = 18, B = 20;
   const svg = svgEl("svg", { class: "chart", width: W, height: H, viewBox: `0 0 ${W} ${H}` });
   svg.appendChild(svgEl("text", { class: "title", x: L, y: 12 }, "verdicts by step (accepted, rejected, soft)"));
   const bySteps = new Map();
-  for (const e of events) {
-    const c = bySteps.get(e.step) || { accepted: 0, rejected: 0, soft: 0 };
-    c[e.outcome] += 1;
-    bySteps.set(e.step, c);
+  for (const v of counts) {
+    const c = bySteps.get(v.step) || { accepted: 0, rejected: 0, soft: 0 };
+    c[v.outcome] += v.files;
+    bySteps.set(v.step, c);
   }
   const steps = [...bySteps.keys()].sort((a, b) => a - b);
   if (steps.length === 0) {
@@ -138,11 +148,6 @@ function verdictChart(events) {
 function failedCheck(reason) {
   const parts = reason.split(": ");
   return parts[0] === "rejected" && parts.length > 1 ? parts[1] : parts[0];
-}
-
-function median(values) {
-  const s = [...values].sort((a, b) => a - b);
-  return s.length ? s[Math.floor(s.length / 2)] : null;
 }
 
 function render(d) {
@@ -181,7 +186,7 @@ function render(d) {
     const a = activity.get(m.address) || {};
     tr.dataset.address = m.address;
     if (m.status === "ejected") tr.className = "ejected";
-    cell(tr, m.address, "address", "text");
+    addressCell(tr, m.address);
     cell(tr, m.role, "role");
     cell(tr, m.status, "status");
     cell(tr, ago(d.now, m.last_heartbeat), "heartbeat");
@@ -194,7 +199,7 @@ function render(d) {
     cell(tr, a.trained, "trained");
     cell(tr, a.samples_per_second, "rate");
     cell(tr, a.holds, "holds");
-    cell(tr, m.url || "", "url", "text");
+    cell(tr, m.url || "", "url", "wrap");
   });
 
   set("verdicts-accepted", fmt(st.verdicts.accepted));
@@ -208,31 +213,31 @@ function render(d) {
   });
   fill("slashing-table", st.slashings, (tr, x) => {
     tr.dataset.address = x.address;
-    cell(tr, x.address, "address", "text");
+    addressCell(tr, x.address);
     cell(tr, x.step, "step");
     cell(tr, failedCheck(x.reason), "check");
     cell(tr, x.slashed, "slashed");
     cell(tr, x.voided_files, "voided");
     cell(tr, x.tainted_files, "tainted");
     cell(tr, x.tainted_steps.join(", "), "tainted_steps");
-    cell(tr, x.reason, "reason", "text");
+    cell(tr, x.reason, "reason", "wrap");
   });
   fill("refusal-table", st.refusals, (tr, x) => {
     tr.dataset.address = x.address;
-    cell(tr, x.address, "address", "text");
+    addressCell(tr, x.address);
     cell(tr, x.role, "role");
-    cell(tr, x.reason, "reason", "text");
+    cell(tr, x.reason, "reason", "wrap");
   });
 
   fill("checkpoint-table", d.checkpoints, (tr, c) => {
     tr.dataset.step = c.step;
-    const seconds = c.arrivals.map((a) => a.seconds);
+    const roles = Object.entries(c.held_by).sort();
     cell(tr, c.step + (c.final ? " (final)" : ""), "step");
     cell(tr, c.blake3.slice(0, 16), "blake3");
-    cell(tr, c.arrivals.length, "held_by");
-    cell(tr, seconds.length ? Math.min(...seconds) : null, "first");
-    cell(tr, median(seconds), "median");
-    cell(tr, seconds.length ? Math.max(...seconds) : null, "last");
+    cell(tr, roles.reduce((n, [, k]) => n + k, 0), "held_by");
+    cell(tr, roles.map(([role, k]) => k + " " + role + (k === 1 ? "" : "s")).join(", "), "roles", "text");
+    cell(tr, c.first_seconds, "first");
+    cell(tr, c.last_seconds, "last");
   });
   document.body.dataset.rendered = String(d.now);
 }
