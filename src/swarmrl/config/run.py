@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from swarmrl.config.sections import (
+    LogConfig,
     ModelConfig,
     PoolConfig,
     SamplingConfig,
@@ -59,6 +60,9 @@ class RunConfig(_Section):
     supervision: SupervisionConfig = Field(
         default_factory=SupervisionConfig,
         description="how `swarmrl run` restarts failed processes and stops them",
+    )
+    log: LogConfig = Field(
+        default_factory=LogConfig, description="the trainer's metrics in other tools' formats"
     )
 
     @field_validator("run_name")

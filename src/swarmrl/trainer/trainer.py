@@ -12,7 +12,9 @@ Per rollout step n (checkpoint n is the newest published):
 4. (marking the files used as trained in the ledger first) write checkpoint n+1
    atomically, with the optimizer state and this step's metrics, publish it through
    the SHARDCAST origin and announce it (step, BLAKE3) to the orchestrator (`final`
-   for the last), then append the metrics line and prune old checkpoints.
+   for the last), then append the metrics line, report the step's curves to the
+   orchestrator's dashboard (and, with `--log.backend tensorboard`, to an event file)
+   and prune old checkpoints.
 
 One process, or N ranks under torchrun (distributed.py): rank 0 collects the batch and
 hands it to every rank, each rank trains on its share with FSDP2 shards (update.py),
@@ -60,6 +62,7 @@ from swarmrl.trainer.offpolicy import OffPolicySettings
 from swarmrl.trainer.pool_source import PoolRolloutSource
 from swarmrl.trainer.state import load_trainer_state, save_trainer_state
 from swarmrl.trainer.status import TrainerStatus
+from swarmrl.trainer.tensorboard import EventFileWriter
 from swarmrl.trainer.update import (
     UpdateSettings,
     UpdateStats,
@@ -169,6 +172,11 @@ class Trainer:
         if not self.ranks.is_main:
             return  # rank 0 alone keeps the run folder's files and publishes
         self._repair_metrics(last_record)
+        self.events = None
+        if cfg.log.backend == "tensorboard":
+            self.events = EventFileWriter(
+                Path(cfg.log.dir) if cfg.log.dir else self.run_dir / "tensorboard"
+            )
         if self.step < tc.steps:  # a finished run given more steps is not finished any more
             self.folder.trainer_done.unlink(missing_ok=True)
         if cfg.shardcast.enabled:
@@ -382,6 +390,10 @@ class Trainer:
             with open(self.metrics_path, "a") as fh:
                 fh.write(record.line())
             self._report(record)
+            if self.events is not None:
+                self.events.add_scalars(
+                    n, record.model_dump(exclude={"step", "time"}), prefix="train/"
+                )
             self.step = n + 1
             prune_checkpoints(self.ckpt_root, keep, protect={0})
             if on_step is not None:
