@@ -13,12 +13,17 @@ longer reads, so the groups are silently ignored.)
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
+from helpers import built_once
 from swarmrl.model.build import WarmStartRecipe, ensure_default_model
+from swarmrl.runfolder import RunFolder
 
 # A brief warm start: the embedded model's architecture, fewer steps and a higher rate.
 WARM_RECIPE = WarmStartRecipe(steps=150, batch_size=32, lr=5e-3)
@@ -44,3 +49,75 @@ def warm_model_dir() -> Path:
         return ensure_default_model(recipe=WARM_RECIPE)
     finally:
         torch.set_num_threads(threads)
+
+
+@dataclass(frozen=True)
+class CheatersRun:
+    """A finished `swarmrl run --adversary` with two cheaters (see `two_cheaters_run`)."""
+
+    out: Path
+    kinds: tuple[str, ...]
+    returncode: int
+    stderr: str
+
+    @property
+    def run(self) -> RunFolder:
+        return RunFolder(self.out / "a")
+
+
+CHEATER_KINDS = ("wrong_model", "inflated_rewards")
+
+
+def _run_two_cheaters(folder: Path, model: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "swarmrl",
+            "run",
+            "--model.path",
+            str(model),
+            "--output_dir",
+            str(folder / "outputs"),
+            "--run_name",
+            "a",
+            "--adversary",
+            ",".join(CHEATER_KINDS),
+            "--worker.count",
+            "2",
+            "--trainer.steps",
+            "3",
+            "--trainer.batch_samples",
+            "16",
+            "--worker.prompts_per_file",
+            "2",
+            "--sampling.group_size",
+            "4",
+            "--eval_before",
+            "false",
+            "--eval_after",
+            "false",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    (folder / "returncode").write_text(str(proc.returncode))
+    (folder / "stderr").write_text(proc.stderr)
+
+
+@pytest.fixture(scope="session")
+def two_cheaters_run(tmp_path_factory, warm_model_dir) -> CheatersRun:
+    """`swarmrl run --adversary wrong_model,inflated_rewards`: 2 honest workers and 2
+    cheaters, 3 steps, run once per test run (`built_once`) and read by the adversary
+    test and the dashboard's browser test; neither may change its folder."""
+    folder = built_once(
+        tmp_path_factory, "two-cheaters-run", lambda f: _run_two_cheaters(f, warm_model_dir)
+    )
+    return CheatersRun(
+        out=folder / "outputs",
+        kinds=CHEATER_KINDS,
+        returncode=int((folder / "returncode").read_text()),
+        stderr=(folder / "stderr").read_text(),
+    )

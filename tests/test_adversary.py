@@ -7,8 +7,6 @@ rejection slashes and ejects the cheater. An honest worker on the same path is a
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,7 +25,6 @@ from swarmrl.ledger.models import Contribution, Submission
 from swarmrl.protocol import PoolClient, PoolRefused
 from swarmrl.protocol.membership import ejected
 from swarmrl.rollouts import write_rollouts
-from swarmrl.runfolder import RunFolder
 from swarmrl.tasks.registry import build_task
 from swarmrl.validator.checks import CHECK_ORDER
 from swarmrl.validator.service import judge_submission
@@ -174,49 +171,16 @@ def test_a_cheater_is_caught_slashed_and_ejected(kind, setting, warm_model_dir, 
 
 
 @pytest.mark.slow
-def test_a_pool_with_two_cheaters_trains_on_honest_work_and_pays_it(tmp_path, warm_model_dir):
+def test_a_pool_with_two_cheaters_trains_on_honest_work_and_pays_it(two_cheaters_run):
     """`swarmrl run --adversary`: 2 honest workers and 2 cheaters of different kinds on
-    loopback, several steps. Both cheaters are rejected, slashed and ejected; none of
-    their rejected or voided files is trained; the honest workers are credited exactly
-    their accepted samples and paid; the ledger's books balance."""
-    out = tmp_path / "outputs"
-    kinds = ["wrong_model", "inflated_rewards"]
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "swarmrl",
-            "run",
-            "--model.path",
-            str(warm_model_dir),
-            "--output_dir",
-            str(out),
-            "--run_name",
-            "a",
-            "--adversary",
-            ",".join(kinds),
-            "--worker.count",
-            "2",
-            "--trainer.steps",
-            "3",
-            "--trainer.batch_samples",
-            "16",
-            "--worker.prompts_per_file",
-            "2",
-            "--sampling.group_size",
-            "4",
-            "--eval_before",
-            "false",
-            "--eval_after",
-            "false",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    loopback, several steps (`conftest.two_cheaters_run`). Both cheaters are rejected,
+    slashed and ejected; none of their rejected or voided files is trained; the honest
+    workers are credited exactly their accepted samples and paid; the ledger's books
+    balance."""
+    kinds = list(two_cheaters_run.kinds)
+    proc = two_cheaters_run
     assert proc.returncode == 0, proc.stderr[-3000:]
-    run = RunFolder(out / "a")
+    run = two_cheaters_run.run
     summary = json.loads(run.summary.read_text())
     assert summary["final_step"] == 3 and summary["ledger_problems"] == []
     cheaters = {c["kind"]: c for c in summary["cheaters"]}

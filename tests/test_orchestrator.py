@@ -791,6 +791,9 @@ def test_openapi_schema_lists_every_endpoint(pool):
         "/v1/validation/next",
         "/v1/verdicts",
         "/v1/pool/fund",
+        "/v1/metrics",
+        "/v1/dashboard",
+        "/dashboard",
     }
 
 

@@ -88,6 +88,24 @@ ENDPOINTS = [
     ("POST", "/v1/submissions/trained", "trainer", {"step": 0, "file_hashes": ["0" * 64]}),
     ("POST", "/v1/checkpoints", "trainer", {"step": 0, "blake3": "ab" * 32}),
     ("POST", "/v1/steps/0/progress", "trainer", {"usable": 0, "read": 0, "files": []}),
+    (
+        "POST",
+        "/v1/metrics",
+        "trainer",
+        {
+            "step": 0,
+            "reward": 0.5,
+            "task_reward": 0.75,
+            "length_error": None,
+            "grad_norm": 0.02,
+            "clip_ratio": 0.01,
+            "entropy": 1.2,
+            "staleness_mean": 0.5,
+            "staleness_max": 1,
+            "samples": 8,
+            "step_seconds": 3.5,
+        },
+    ),
     ("POST", "/v1/verdicts", "validator", {"file_hash": "0" * 64, "accepted": True, "reason": ""}),
     ("POST", "/v1/validation/next", "validator", {}),
     (
@@ -107,6 +125,7 @@ MODELS = [
     api.MarkTrainedRequest,
     api.CheckpointAnnouncement,
     api.ProgressReport,
+    api.MetricsReport,
     api.VerdictRequest,
     api.FundRequest,
 ]
@@ -160,6 +179,8 @@ def test_mutated_bodies_never_crash_the_server(pool, endpoint, edits):
                 "soft",
                 "address",
                 "amount",
+                "reward",
+                "grad_norm",
             ]
         ),
         JSON_VALUES,

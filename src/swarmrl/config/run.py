@@ -11,6 +11,7 @@ from pydantic import Field, field_validator
 
 from swarmrl.config.sections import (
     InferenceConfig,
+    LogConfig,
     ModelConfig,
     PoolConfig,
     SamplingConfig,
@@ -63,6 +64,9 @@ class RunConfig(_Section):
     supervision: SupervisionConfig = Field(
         default_factory=SupervisionConfig,
         description="how `swarmrl run` restarts failed processes and stops them",
+    )
+    log: LogConfig = Field(
+        default_factory=LogConfig, description="the trainer's metrics in other tools' formats"
     )
 
     @field_validator("run_name")

@@ -328,3 +328,13 @@ class SupervisionConfig(_Section):
         gt=0,
         description="on shutdown, seconds a process gets to exit after SIGTERM before it is killed",
     )
+
+
+class LogConfig(_Section):
+    backend: Literal["off", "tensorboard"] = Field(
+        "off",
+        description="where the trainer also logs its step metrics: off, or tensorboard (event files, written without the tensorboard package; view with `tensorboard --logdir DIR`)",
+    )
+    dir: str | None = Field(
+        None, description="folder of the event files (default: <run>/tensorboard)"
+    )

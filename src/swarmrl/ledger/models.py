@@ -283,3 +283,36 @@ class Taint(Base):
     worker: Mapped[str] = mapped_column(String(42))
     step: Mapped[int] = mapped_column(Integer)
     trained_step: Mapped[int] = mapped_column(Integer)
+
+
+class TrainingMetrics(Base):
+    """The trainer's report of one trained rollout step (what its `metrics.jsonl` holds, in
+    part): the learning curves the dashboard draws. A step reported again replaces its row
+    (a restarted trainer trains the step again)."""
+
+    __tablename__ = "training_metrics"
+
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    reported_at: Mapped[float] = mapped_column(Float)
+    reward: Mapped[float | None] = mapped_column(Float)
+    task_reward: Mapped[float | None] = mapped_column(Float)
+    length_error: Mapped[float | None] = mapped_column(Float)  # None: no length targets
+    grad_norm: Mapped[float | None] = mapped_column(Float)
+    clip_ratio: Mapped[float | None] = mapped_column(Float)
+    entropy: Mapped[float | None] = mapped_column(Float)
+    staleness_mean: Mapped[float] = mapped_column(Float)
+    staleness_max: Mapped[int] = mapped_column(Integer)
+    samples: Mapped[int] = mapped_column(Integer)
+    step_seconds: Mapped[float] = mapped_column(Float)
+    heldout_accuracy: Mapped[float | None] = mapped_column(Float)  # where evaluated
+
+
+class CheckpointArrival(Base):
+    """When a member first said in a heartbeat that it holds checkpoint `step`: the spread
+    of each checkpoint through relays and workers."""
+
+    __tablename__ = "checkpoint_arrivals"
+
+    address: Mapped[str] = mapped_column(ForeignKey("members.address"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[float] = mapped_column(Float)

@@ -1,6 +1,7 @@
 """The orchestrator's HTTP API (FastAPI): thin routes over `Pool`, signed requests only.
 
-Every route except the public pool status takes a signed request (see `auth.py`).
+Every route except the public pool status and the dashboard (`dashboard.py`) takes a
+signed request (see `auth.py`).
 Uploads stream to a temporary file while their size is capped and their SHA-256
 computed; the signature covers the hash the sender claims in the query, and the bytes
 must hash to it. The OpenAPI schema is served at `/openapi.json`.
@@ -30,6 +31,7 @@ from swarmrl.identity import PROTOCOL, body_digest
 from swarmrl.ledger import Ledger
 from swarmrl.orchestrator.auth import Caller, RateLimiter, RequestVerifier, pool_id
 from swarmrl.orchestrator.config import OrchestratorConfig
+from swarmrl.orchestrator.dashboard import add_dashboard
 from swarmrl.orchestrator.errors import Refusal
 from swarmrl.orchestrator.gate import CALLER, SignedJsonGate, request_path
 from swarmrl.orchestrator.membership import read_allowlist
@@ -197,6 +199,7 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
         )
 
     Signed = Annotated[Caller, Depends(signed)]
+    add_dashboard(app, pool)
 
     @app.get("/v1/signing", response_model=api.SigningInfo, tags=["public"])
     def signing_info() -> api.SigningInfo:
@@ -386,6 +389,11 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
         """The trainer's own count of a step: it replaces the workers' claims for the files
         it names, sets the observed yield, and `full` stops issuance for the step."""
         return pool.report_progress(caller, step, req)
+
+    @app.post("/v1/metrics", status_code=204, responses=ERRORS, tags=["trainer"])
+    def metrics(req: api.MetricsReport, caller: Signed) -> None:
+        """The trainer's metrics of a trained step: the dashboard's learning curves."""
+        pool.report_metrics(caller, req)
 
     @app.post(
         "/v1/checkpoints",

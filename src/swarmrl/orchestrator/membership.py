@@ -18,6 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from swarmrl.ledger import Account, Checkpoint, Heartbeat, Member, Nonce, Slashing
+from swarmrl.ledger.models import CheckpointArrival
 from swarmrl.orchestrator import accounts
 from swarmrl.orchestrator.auth import Caller
 from swarmrl.orchestrator.config import OrchestratorConfig
@@ -35,7 +36,11 @@ _REGISTERED_AT = select(Nonce.timestamp).where(
     Nonce.address == bindparam("who"), Nonce.nonce == REGISTERED
 )
 _KNOWN = select(Member.address).where(Member.address == bindparam("who"))
-_MEMBER_STATUS = select(Member.status, Member.ejected_at).where(Member.address == bindparam("who"))
+_MEMBER_STATUS = (
+    select(Member.status, Member.ejected_at, Heartbeat.policy_step)
+    .outerjoin(Heartbeat, Heartbeat.address == Member.address)
+    .where(Member.address == bindparam("who"))
+)
 _WORKER = select(Member.role, Member.status, Member.ejected_at, Member.soft_invalidated_at).where(
     Member.address == bindparam("who")
 )
@@ -225,10 +230,18 @@ def beat(s: Session, address: str, policy_step: int | None, now: float) -> bool:
     member, every few seconds); True when the member came back to health."""
     c = s.connection()
     row = c.execute(_MEMBER_STATUS, {"who": address}).first()
-    status, ejected_at = row if row is not None else (None, None)
+    status, ejected_at, held_before = row if row is not None else (None, None, None)
     if status is None or status == "dead" or ejected_at is not None:
         member(s, address, api.ROLES)  # raises the precise refusal
     c.execute(_BEAT, {"who": address, "now": now, "held": policy_step})
+    # A checkpoint newly held: when it got here (the dashboard's broadcast spread). Once
+    # per member and checkpoint, so the hot path writes it rarely.
+    if (
+        policy_step is not None
+        and policy_step != held_before
+        and s.get(CheckpointArrival, (address, policy_step)) is None
+    ):
+        s.add(CheckpointArrival(address=address, step=policy_step, at=now))
     if status != "healthy":
         s.execute(update(Member).where(Member.address == address).values(status="healthy"))
         return True

@@ -9,7 +9,8 @@ status and a one-line reason, and changes nothing but the spent nonce.
 `Pool` holds the lock, the config, the secret, the store and the heartbeat view; each
 concern's rules are functions over a session in their own module: `membership`
 (nonces, registration, heartbeats), `assignments` (issuing and lapsing work), `uploads`,
-`training` (the trainer's side), `validation`, `accounts` (money) and `status`.
+`training` (the trainer's side), `validation`, `accounts` (money), `status` and `board`
+(the dashboard's figures).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from swarmrl.ledger import Ledger
 from swarmrl.orchestrator import (
     accounts,
     assignments,
+    board,
     membership,
     status,
     training,
@@ -237,6 +239,11 @@ class Pool:
                 s, caller.address, step, req, config=self.config, now=now
             )
 
+    def report_metrics(self, caller: Caller, req: api.MetricsReport) -> None:
+        now = self.clock()
+        with self.signed_act(caller) as s:
+            training.record_metrics(s, caller.address, req, now)
+
     def announce_checkpoint(
         self, caller: Caller, req: api.CheckpointAnnouncement
     ) -> api.HeartbeatResponse:
@@ -280,14 +287,22 @@ class Pool:
     def status(self) -> api.PoolStatus:
         """Read without the lock: one session's consistent view (`status.py`)."""
         with self.ledger.session() as s:
-            return status.pool_status(
-                s,
-                view=membership.pool_view(s, self.config),
-                steps=[
-                    status.step_status(s, row, assignments.usable(s, row.step))
-                    for row in status.newest_steps(s)
-                ],
-                recipe=self.recipe,
-                rates=self._rates(),
-                refusals=self.refusals.newest_first(),
-            )
+            return self._status(s)
+
+    def dashboard(self) -> board.Dashboard:
+        """The status and the dashboard's figures, from one session (`board.py`)."""
+        with self.ledger.session() as s:
+            return board.dashboard(s, self._status(s), self.clock())
+
+    def _status(self, s: Session) -> api.PoolStatus:
+        return status.pool_status(
+            s,
+            view=membership.pool_view(s, self.config),
+            steps=[
+                status.step_status(s, row, assignments.usable(s, row.step))
+                for row in status.newest_steps(s)
+            ],
+            recipe=self.recipe,
+            rates=self._rates(),
+            refusals=self.refusals.newest_first(),
+        )

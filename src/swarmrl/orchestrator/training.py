@@ -1,5 +1,5 @@
 """The trainer's side of the pool: the files a step may train, what it trained, its own
-count of each step, and the checkpoints it announces.
+count of each step, its step metrics, and the checkpoints it announces.
 
 Functions over a session, called inside `Pool`'s lock for a registered trainer. The
 trainer's count of a step replaces the workers' claims for the files it names; a
@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from swarmrl.ledger import Assignment, Checkpoint, Submission
-from swarmrl.ledger.models import LIVE_STATES
+from swarmrl.ledger.models import LIVE_STATES, TrainingMetrics
 from swarmrl.orchestrator import accounts, assignments, membership, status
 from swarmrl.orchestrator.config import OrchestratorConfig
 from swarmrl.orchestrator.errors import Refusal
@@ -143,3 +143,15 @@ def announce_checkpoint(
     # Checkpoint n is the trainer's word that steps < n are trained: their credited work
     # is paid (again after a restart or a repeated announcement: nothing twice).
     accounts.settle_ended(s, rates, now)
+
+
+def record_metrics(s: Session, trainer: str, req: api.MetricsReport, now: float) -> None:
+    """Keep the trainer's metrics of a trained step; a step reported again (a restarted
+    trainer trained it again) replaces its row. One row per step: the table stays as
+    small as the run is long."""
+    membership.member(s, trainer, ["trainer"])
+    row = s.get(TrainingMetrics, req.step) or TrainingMetrics(step=req.step)
+    for name, value in req.model_dump().items():
+        setattr(row, name, value)
+    row.reported_at = now
+    s.add(row)

@@ -318,6 +318,10 @@ class PoolClient:
         )
         return api.StepStatus.model_validate_json(r.content)
 
+    def report_metrics(self, report: api.MetricsReport) -> None:
+        """The trainer's metrics of a trained step, for the dashboard's curves."""
+        self._send("POST", "/v1/metrics", body=report)
+
     def announce_checkpoint(
         self, step: int, blake3: str, final: bool = False
     ) -> api.HeartbeatResponse:

@@ -231,6 +231,30 @@ class ProgressReport(_Request):
     full: bool = Field(False, description="the trainer has all it needs for this step")
 
 
+class MetricsReport(_Request):
+    """The trainer's step metrics for the dashboard's learning curves (one trained step).
+    A measure that was not finite (a diverged update) or not measured is None."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    step: int = Field(ge=0, le=10**9, description="the rollout step trained")
+    reward: float | None = Field(ge=-1e6, le=1e6, description="mean reward of the samples read")
+    task_reward: float | None = Field(ge=-1e6, le=1e6, description="mean task reward")
+    length_error: float | None = Field(
+        None, ge=0, le=1e9, description="mean |target - length|; None without targets"
+    )
+    grad_norm: float | None = Field(ge=0, le=1e12, description="mean gradient norm before clipping")
+    clip_ratio: float | None = Field(ge=0, le=1, description="fraction of tokens clipped")
+    entropy: float | None = Field(ge=-1e6, le=1e6)
+    staleness_mean: float = Field(ge=0, le=1e9, description="mean n - policy_step trained")
+    staleness_max: int = Field(ge=0, le=10**9)
+    samples: int = Field(ge=0, le=10**9, description="samples trained on")
+    step_seconds: float = Field(ge=0, le=1e9)
+    heldout_accuracy: float | None = Field(
+        None, ge=0, le=1, description="held-out pass@1 of the checkpoint, where evaluated"
+    )
+
+
 class StepStatus(BaseModel):
     step: int
     target_samples: int

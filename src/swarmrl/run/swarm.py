@@ -182,6 +182,7 @@ def _run(
     for i, relay_port in enumerate(relay_ports):
         server_urls[f"relay-{i}"] = f"http://127.0.0.1:{relay_port}"
     console.print(f"orchestrator {url}; ledger {folder.ledger}")
+    console.print(f"dashboard {url}/dashboard (live, read-only)")
     if adversaries:
         console.print(
             f"adversaries: {', '.join(f'adversary-{kind}' for kind in adversaries)} "

@@ -94,7 +94,14 @@ def run_relay(args: argparse.Namespace) -> int:
         flush=True,
     )
     member = (
-        Membership(args.orchestrator, identity, "relay", member_url=args.public_url or server.url)
+        Membership(
+            args.orchestrator,
+            identity,
+            "relay",
+            member_url=args.public_url or server.url,
+            # The newest version it serves: the dashboard shows how far each checkpoint got.
+            policy_step=lambda: max(relay.store.listed(), default=None),
+        )
         if identity is not None
         else None
     )

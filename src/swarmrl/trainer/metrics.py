@@ -1,16 +1,19 @@
 """The trainer's step metrics: one typed record per trained step, in `metrics.jsonl`.
 
 The trainer writes them, `swarmrl run` shows and sums them, `swarmrl trainer` prints
-them; all three read the fields through `StepMetrics`.
+them; all three read the fields through `StepMetrics`. The trainer also reports the
+dashboard's share of each record to the orchestrator (`dashboard_report`).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from swarmrl.jsonl import read_jsonl
+from swarmrl.protocol import models as api
 
 
 class StepMetrics(BaseModel):
@@ -72,3 +75,25 @@ def read_metrics(path: Path) -> list[StepMetrics]:
         except ValidationError:
             continue
     return records
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def dashboard_report(record: StepMetrics) -> api.MetricsReport:
+    """What the dashboard draws of a step record; a measure that is not finite (NaN
+    without length targets, a diverged update) is sent as None."""
+    return api.MetricsReport(
+        step=record.step,
+        reward=_finite(record.reward),
+        task_reward=_finite(record.task_reward),
+        length_error=_finite(record.length_error),
+        grad_norm=_finite(record.grad_norm),
+        clip_ratio=_finite(record.clip_ratio),
+        entropy=_finite(record.entropy),
+        staleness_mean=record.staleness_mean,
+        staleness_max=record.staleness_max,
+        samples=record.samples,
+        step_seconds=record.step_seconds,
+    )

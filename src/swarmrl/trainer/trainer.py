@@ -12,7 +12,9 @@ Per rollout step n (checkpoint n is the newest published):
 4. (marking the files used as trained in the ledger first) write checkpoint n+1
    atomically, with the optimizer state and this step's metrics, publish it through
    the SHARDCAST origin and announce it (step, BLAKE3) to the orchestrator (`final`
-   for the last), then append the metrics line and prune old checkpoints.
+   for the last), then append the metrics line, report the step's curves to the
+   orchestrator's dashboard (and, with `--log.backend tensorboard`, to an event file)
+   and prune old checkpoints.
 
 One process, or N ranks under torchrun (distributed.py): rank 0 collects the batch and
 hands it to every rank, each rank trains on its share with FSDP2 shards (update.py),
@@ -48,18 +50,19 @@ from swarmrl.checkpoints import (
     trainer_state_path,
 )
 from swarmrl.config import RunConfig, TrainerConfig
-from swarmrl.protocol import PoolClient, recipe
+from swarmrl.protocol import PoolClient, PoolRefused, recipe
 from swarmrl.protocol.membership import Membership
 from swarmrl.rollouts import RolloutBounds
 from swarmrl.tasks.registry import build_task
 from swarmrl.trainer import distributed
 from swarmrl.trainer.batches import Sample
 from swarmrl.trainer.inputs import RolloutSource, StepCollector
-from swarmrl.trainer.metrics import StepMetrics, read_metrics
+from swarmrl.trainer.metrics import StepMetrics, dashboard_report, read_metrics
 from swarmrl.trainer.offpolicy import OffPolicySettings
 from swarmrl.trainer.pool_source import PoolRolloutSource
 from swarmrl.trainer.state import load_trainer_state, save_trainer_state
 from swarmrl.trainer.status import TrainerStatus
+from swarmrl.trainer.tensorboard import EventFileWriter
 from swarmrl.trainer.update import (
     UpdateSettings,
     UpdateStats,
@@ -169,6 +172,11 @@ class Trainer:
         if not self.ranks.is_main:
             return  # rank 0 alone keeps the run folder's files and publishes
         self._repair_metrics(last_record)
+        self.events = None
+        if cfg.log.backend == "tensorboard":
+            self.events = EventFileWriter(
+                Path(cfg.log.dir) if cfg.log.dir else self.run_dir / "tensorboard"
+            )
         if self.step < tc.steps:  # a finished run given more steps is not finished any more
             self.folder.trainer_done.unlink(missing_ok=True)
         if cfg.shardcast.enabled:
@@ -206,6 +214,19 @@ class Trainer:
             blake3 = self.origin.publish(step, checkpoint_dir(self.ckpt_root, step)).blake3
         if self.client is not None:
             self.client.announce_checkpoint(step, blake3, final=final)
+
+    def _report(self, record: StepMetrics) -> None:
+        """The step's curves to the orchestrator's dashboard. The file above is the record;
+        a refusal here (an orchestrator without the route) costs the dashboard a point,
+        not the run its step."""
+        if self.client is None:
+            return
+        try:
+            self.client.report_metrics(dashboard_report(record))
+        except PoolRefused as exc:
+            log.warning(
+                "step %d: the orchestrator refused the step's metrics: %s", record.step, exc
+            )
 
     def _repair_metrics(self, last_record: StepMetrics | None) -> None:
         kept = [m for m in read_metrics(self.metrics_path) if m.step < self.step]
@@ -363,6 +384,11 @@ class Trainer:
             self._publish(n + 1, final=n + 1 >= tc.steps)
             with open(self.metrics_path, "a") as fh:
                 fh.write(record.line())
+            self._report(record)
+            if self.events is not None:
+                self.events.add_scalars(
+                    n, record.model_dump(exclude={"step", "time"}), prefix="train/"
+                )
             self.step = n + 1
             prune_checkpoints(self.ckpt_root, keep, protect={0})
             if on_step is not None:
