@@ -44,6 +44,7 @@ JSON_ENDPOINTS = [
     "/v1/validation/next",
     "/v1/verdicts",
     "/v1/pool/fund",
+    "/v1/metrics",
 ]
 DEEP = b"[" * 100_000 + b"]" * 100_000  # 195 KiB: once a SIGSEGV of the whole process
 
