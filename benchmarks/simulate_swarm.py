@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import shutil
 import sys
 import tempfile
@@ -36,6 +37,9 @@ from swarmsim.pooldriver import PoolDriver
 from swarmsim.swarm import Figures, Swarm, quantile
 
 MARGIN = 0.20  # relative: a simulated figure within ±20% of the measured one passes
+# The figures the calibration must hold (the issue's test: step time and idle fraction);
+# the others are printed beside them, with their deviation, and do not gate.
+GATING = ("seconds per step", "trainer idle")
 
 # (figure, link) → measured value, 2026-12-02 at 5faff19 (issue 22, docs/deployment.md)
 MEASURED = {
@@ -92,7 +96,7 @@ def calibrate(seeds: int, steps: int) -> tuple[list[dict], bool]:
             values = [r[name] for r in runs]
             sim = float(np.median(values))
             within = abs(sim - measured) <= MARGIN * measured
-            ok &= within
+            ok &= within or name not in GATING
             rows.append(
                 {
                     "link": "unconstrained" if link is None else f"{link:g} mbit",
@@ -102,6 +106,7 @@ def calibrate(seeds: int, steps: int) -> tuple[list[dict], bool]:
                     "range": [round(min(values), 3), round(max(values), 3)],
                     "off": round(sim / measured - 1, 3),
                     "within": within,
+                    "gating": name in GATING,
                 }
             )
     return rows, ok
@@ -176,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", type=Path, help="write every figure here")
     args = ap.parse_args(argv)
+    logging.getLogger("swarmrl").setLevel(logging.ERROR)  # one line per ejection otherwise
 
     t0 = time.perf_counter()
     rows, ok = calibrate(args.calibration_seeds, args.calibration_steps)
@@ -187,9 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(
             f"{r['link']:<14}{r['figure']:<36}{r['measured']:>9.2f}{r['simulated']:>10.2f}"
-            f"{r['off']:>+8.0%}  {r['range'][0]:.2f}-{r['range'][1]:.2f}{'' if r['within'] else '  OUT'}"
+            f"{r['off']:>+8.0%}  {r['range'][0]:.2f}-{r['range'][1]:.2f}"
+            f"{'' if r['within'] else '  OUT'}{'' if r['gating'] else '  (not gating)'}"
         )
-    print("calibration", "holds" if ok else "FAILS: the scale figures below are not to be trusted")
+    verdict = "holds" if ok else "FAILS: the scale figures below are not to be trusted"
+    print(f"calibration ({', '.join(GATING)} within ±{MARGIN:.0%}) {verdict}")
     out: dict = {"calibration": rows, "calibrated": ok, "scale": []}
     if not args.calibrate_only:
         overrides = {}
