@@ -14,7 +14,7 @@ from importlib import resources
 
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import Response
+from fastapi.responses import HTMLResponse, Response
 
 from swarmrl.orchestrator.board import Dashboard
 from swarmrl.orchestrator.pool import Pool
@@ -54,6 +54,7 @@ def add_dashboard(app: FastAPI, pool: Pool) -> None:
         "/dashboard",
         page,
         methods=["GET"],
+        response_class=HTMLResponse,  # documented as text/html, which it is
         tags=["public"],
         summary="The live dashboard (HTML): run, learning curves, members, trust, broadcast",
     )
