@@ -17,9 +17,9 @@ from pool_fixtures import loopback_client, make_pool, rollout_file, signed_raw
 from swarmrl.identity import Identity
 from swarmrl.ledger import Ledger, Submission
 from swarmrl.ledger.models import CheckpointArrival, TrainingMetrics
-from swarmrl.orchestrator.board import failed_check
 from swarmrl.protocol import PoolClient, PoolRefused
 from swarmrl.protocol import models as api
+from swarmrl.protocol.models import failed_check
 
 BLAKE = "ab" * 32
 

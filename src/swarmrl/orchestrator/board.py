@@ -96,12 +96,6 @@ class Dashboard(BaseModel):
     checkpoints: list[CheckpointSpread] = Field(description="the newest, oldest first")
 
 
-def failed_check(reason: str) -> str:
-    """The check a reject's reason names: 'rejected: toploc: sample 3: ...' -> 'toploc'."""
-    parts = reason.split(": ", 2)
-    return parts[1] if parts[0] == "rejected" and len(parts) > 1 else parts[0]
-
-
 def run_pace(s: Session, status: api.PoolStatus) -> RunPace:
     total = status.recipe.steps if status.recipe else None
     times = s.execute(
@@ -221,7 +215,7 @@ def verdict_counts(s: Session) -> tuple[list[VerdictCount], dict[str, int]]:
         .join(Submission, Submission.file_hash == Verdict.file_hash)
         .where(Verdict.accepted.is_(False), Verdict.soft.is_(False))
     ):
-        check = failed_check(reason)
+        check = api.failed_check(reason)
         by_check[check] = by_check.get(check, 0) + 1
         if step >= since:
             counts[(step, "rejected", check)] = counts.get((step, "rejected", check), 0) + 1

@@ -342,3 +342,10 @@ class SigningInfo(BaseModel):
 
     protocol: str = Field(description="the signed text's first line, e.g. swarmrl/2")
     pool: str = Field(description="the pool id: the signed text's second line, and X-Pool")
+
+
+def failed_check(reason: str) -> str:
+    """The check a verdict's reason names: 'rejected: toploc: sample 3: ...' -> 'toploc';
+    an unusable file ('unusable: ...') -> 'unusable'."""
+    parts = reason.split(": ", 2)
+    return parts[1] if parts[0] == "rejected" and len(parts) > 1 else parts[0]

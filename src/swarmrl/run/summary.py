@@ -18,7 +18,7 @@ from swarmrl.jsonl import read_jsonl
 from swarmrl.ledger import Ledger, check_ledger, upload_totals
 from swarmrl.protocol import models as api
 from swarmrl.run.launch import ledger_url
-from swarmrl.run.watch import SlashingWatch, failed_check
+from swarmrl.run.watch import SlashingWatch
 from swarmrl.runfolder import RunFolder
 
 
@@ -167,7 +167,7 @@ def cheaters_summary(
                 update={
                     "caught_at": caught.at,
                     "step": caught.step,
-                    "check": failed_check(caught.reason),
+                    "check": api.failed_check(caught.reason),
                     "reason": caught.reason,
                     "slashed": caught.slashed,
                     "files_voided": caught.voided_files,

@@ -71,13 +71,6 @@ def wait_report(
     )
 
 
-def failed_check(reason: str) -> str:
-    """The check a verdict's reason names: 'rejected: toploc: sample 3: ...' -> 'toploc';
-    an unusable file ('unusable: ...') -> 'unusable'."""
-    parts = reason.split(": ", 2)
-    return parts[1] if parts[0] == "rejected" and len(parts) > 1 else parts[0]
-
-
 class SlashingWatch:
     """Follows the orchestrator's slashings and says each new one in one line, naming
     the run's process that was slashed."""
@@ -113,7 +106,7 @@ class SlashingWatch:
             else ", none trained"
         )
         return (
-            f"caught {who} at {when} (step {s.step}) by the {failed_check(s.reason)} check: "
+            f"caught {who} at {when} (step {s.step}) by the {api.failed_check(s.reason)} check: "
             f"{s.reason}; stake slashed {s.slashed:g}; {s.voided_files} file(s) voided"
             f"{tainted}; ejected"
         )
