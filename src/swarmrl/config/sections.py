@@ -203,6 +203,11 @@ class TrainerConfig(_Section):
         (0.5, 2.0),
         description="[low, high] band of a sequence's geometric-mean rho kept by off_policy = seq_mask",
     )
+    max_update_kl: float = Field(
+        0.0,
+        ge=0,
+        description="trust region: an optimizer step whose KL(policy before || after) per completion token, measured on its minibatch by one more forward pass, exceeds this is pulled back along its direction until it does not (trainer/trust_region.py); 0 = off",
+    )
     lr_schedule: Literal["constant", "cosine"] = Field(
         "cosine",
         description="learning rate after the warm-up: constant, or cosine decay to lr * lr_final_ratio at the last step",

@@ -45,6 +45,18 @@ class StepMetrics(BaseModel):
     behaviour_kl: float = Field(
         0.0, description="k3 estimate of KL(sampling policy || policy n) per completion token"
     )
+    update_kl: float = Field(
+        0.0,
+        description="mean KL(policy before || after) per completion token of the step's optimizer steps, after the trust region (0 when it is off)",
+    )
+    update_kl_full: float = Field(
+        0.0,
+        description="largest KL per token an optimizer step made before the trust region shrank it",
+    )
+    update_scale: float = Field(
+        1.0,
+        description="smallest fraction of an optimizer step the trust region kept (1: none shrunk)",
+    )
     staleness_mean: float = Field(description="mean n - policy_step of the trained samples")
     staleness_max: int
     oldest_policy_step: int

@@ -305,6 +305,7 @@ class Trainer:
             grad_clip=tc.grad_clip,
             micro_batch_samples=tc.micro_batch_samples,
             off_policy=OffPolicySettings.of(tc),
+            max_update_kl=tc.max_update_kl,
         )
         update = rollout_update(
             self.model,

@@ -37,6 +37,7 @@ from swarmrl.trainer.offpolicy import (
     behaviour_stats,
     behaviour_weights,
 )
+from swarmrl.trainer.trust_region import MAX_SHRINKS, kl_sum, next_scale
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class UpdateSettings:
     grad_clip: float
     micro_batch_samples: int | None  # None: a rank's whole share in one pass
     off_policy: OffPolicySettings = field(default_factory=OffPolicySettings)
+    max_update_kl: float = 0.0  # trust region on each optimizer step's KL per token; 0 = off
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,9 @@ class UpdateStats:
     is_weight_max: float
     is_masked_share: float  # share of completion tokens the off-policy correction masked
     behaviour_kl: float  # k3 estimate of KL(sampling policy || policy n) per token
+    update_kl: float  # mean KL per token each optimizer step left (0: trust region off)
+    update_kl_full: float  # largest KL per token an optimizer step made before shrinking
+    update_scale: float  # smallest fraction of an optimizer step kept (1: none shrunk)
 
 
 def token_budget(minibatch_samples: int, max_new_tokens: int) -> float:
@@ -193,14 +198,17 @@ def rollout_update(
     )
     model.train()
     grad_norms, clip_ratios, entropies, losses, tokens = [], [], [], [], 0
+    update_kls, full_kls, scales = [], [], []
     for mb, mb_micros, mb_old, mb_w, lr in zip(minibatches, micros, old, weights, lrs, strict=True):
         budget = token_budget(len(mb), s.max_new_tokens)
         for group in opt.param_groups:
             group["lr"] = lr
         opt.zero_grad(set_to_none=True)
         loss_sum = token_sum = clipped_sum = entropy_sum = 0.0
+        before = []
         for m, old_logprobs, w in zip(mb_micros, mb_old, mb_w, strict=True):
             logprobs, entropy = forward_logprobs(model, m.ids, m.targets, s.temperature)
+            before.append(logprobs.detach())
             out = grpo_loss(
                 GRPOLossInput(
                     logprobs=logprobs,
@@ -224,7 +232,15 @@ def rollout_update(
         grad_norms.append(
             grad_norm_value(torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip))
         )
-        opt.step()
+        if s.max_update_kl > 0:
+            start = [p.detach().clone() for p in model.parameters()]
+            opt.step()
+            kl_left, kl_full, scale = _trust_region(model, start, mb_micros, before, s, ranks)
+            update_kls.append(kl_left)
+            full_kls.append(kl_full)
+            scales.append(scale)
+        else:
+            opt.step()
         loss_sum, token_sum, clipped_sum, entropy_sum = all_sum(
             ranks, [loss_sum, token_sum, clipped_sum, entropy_sum]
         )
@@ -245,7 +261,53 @@ def rollout_update(
         is_weight_max=weight_max,
         is_masked_share=masked_share,
         behaviour_kl=kl,
+        update_kl=float(np.mean(update_kls)) if update_kls else 0.0,
+        update_kl_full=float(np.max(full_kls)) if full_kls else 0.0,
+        update_scale=float(np.min(scales)) if scales else 1.0,
     )
+
+
+def _update_kl(model, micros: list[_Micro], before: list[torch.Tensor], s, ranks) -> float:
+    """KL(π_before ‖ π_now) per completion token of the minibatch, over every rank."""
+    total = count = 0.0
+    with torch.no_grad():
+        for m, b in zip(micros, before, strict=True):
+            now = forward_logprobs(model, m.ids, m.targets, s.temperature)[0]
+            total += kl_sum(b, now, m.mask)
+            count += float(m.mask.sum())
+    total, count = all_sum(ranks, [total, count])
+    return total / max(count, 1.0)
+
+
+def _trust_region(
+    model, start: list[torch.Tensor], micros, before, s: UpdateSettings, ranks
+) -> tuple[float, float, float]:
+    """Measure the optimizer step just taken from the weights `start`; pull it back along
+    its direction while its KL exceeds the bound (trust_region.py). Returns the KL left,
+    the full step's KL and the fraction of the step kept. Every rank decides alike: the
+    KL is summed over ranks before any comparison."""
+    full = kl = _update_kl(model, micros, before, s, ranks)
+    if full <= s.max_update_kl:
+        return kl, full, 1.0
+    params = list(model.parameters())
+    with torch.no_grad():
+        direction = [p.detach() - p0 for p, p0 in zip(params, start, strict=True)]
+    scale = 1.0
+    for _ in range(MAX_SHRINKS):
+        scale = next_scale(scale, kl, s.max_update_kl)
+        _place(params, start, direction, scale)
+        kl = _update_kl(model, micros, before, s, ranks)
+        if kl <= s.max_update_kl:
+            return kl, full, scale
+    _place(params, start, direction, 0.0)
+    return 0.0, full, 0.0
+
+
+def _place(params, start, direction, scale: float) -> None:
+    """Weights = start + scale × direction."""
+    with torch.no_grad():
+        for p, p0, d in zip(params, start, direction, strict=True):
+            p.copy_(p0 + scale * d)
 
 
 def _behaviour_figures(
