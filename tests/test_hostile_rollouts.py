@@ -565,7 +565,7 @@ def _token_stats(prob: float, low: float, eos_prob: float) -> TokenStats:
         cdf_low=one * low,
         cdf_high=one * (low + prob),
         surprisal=-np.log(one * prob),
-        entropy=one,
+        surprisal_mean=one,
         surprisal_var=one,
         rank_low=one * 0.5,
         prob=one * prob,

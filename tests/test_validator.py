@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 import numpy as np
 import torch
@@ -13,8 +14,15 @@ from swarmrl.rewards import group_advantages
 from swarmrl.rollouts import Rollouts
 from swarmrl.runfolder import RunFolder
 from swarmrl.validator import checks, cli, selected_for_validation
-from swarmrl.validator.prefill import TokenStats
-from swarmrl.validator.sampling import kolmogorov_p, replay, sample_uniforms
+from swarmrl.validator.prefill import SURPRISAL_CAP, TokenStats
+from swarmrl.validator.sampling import (
+    GRID_LEVELS,
+    kolmogorov_p,
+    martingale_tail_p,
+    replay,
+    sample_uniforms,
+    sampling_statistics,
+)
 
 
 def test_selection_is_deterministic_secret_dependent_and_hits_the_fraction():
@@ -44,7 +52,7 @@ def _stats(low: list[float], high: list[float]) -> TokenStats:
         cdf_low=np.array(low),
         cdf_high=np.array(high),
         surprisal=z,
-        entropy=z,
+        surprisal_mean=z,
         surprisal_var=z,
         rank_low=z,
         prob=z,
@@ -284,3 +292,78 @@ def test_validator_fetches_claimed_checkpoints_through_shardcast(tmp_path):
         assert policies.get(2).status == "skipped"
     finally:
         server.stop()
+
+
+def _capped_moments(q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per token distribution q (rows): capped surprisal of each outcome, its mean, its var."""
+    s = np.minimum(-np.log(q), SURPRISAL_CAP)
+    mean = (q * s).sum(-1)
+    return s, mean, (q * s * s).sum(-1) - mean**2
+
+
+def _file_stats(q: np.ndarray, drawn: np.ndarray) -> TokenStats:
+    s, mean, var = _capped_moments(q)
+    n = len(drawn)
+    z = np.zeros(n)
+    return TokenStats(
+        hidden=torch.zeros(n, 4, dtype=torch.bfloat16),
+        logprobs=z,
+        eos_probs=z,
+        cdf_low=z,
+        cdf_high=z,
+        surprisal=s[np.arange(n), drawn],
+        surprisal_mean=mean,
+        surprisal_var=var,
+        rank_low=z,
+        prob=q[np.arange(n), drawn],
+    )
+
+
+def test_martingale_tail_p_is_freedman_at_the_grid_level_times_the_levels():
+    # variation 50 rounds up to the grid level 1.1^42 = 54.76; t = 200, steps bounded by 10
+    w = 1.1**42
+    expected = 2 * GRID_LEVELS * math.exp(-(200.0**2) / (2 * (w + 10 * 200 / 3)))
+    assert 1e-10 < expected < 1e-9
+    assert math.isclose(martingale_tail_p(200.0, 50.0, 10.0), expected, rel_tol=1e-12)
+    assert martingale_tail_p(-200.0, 50.0, 10.0) == martingale_tail_p(200.0, 50.0, 10.0)
+    assert martingale_tail_p(0.0, 50.0, 10.0) == 1.0
+    assert martingale_tail_p(1e4, 0.0, 10.0) < 1e-100  # below one the level is w = 1
+
+
+def test_one_rare_token_drawn_honestly_does_not_reject_a_file():
+    """A near-deterministic file (2,400 tokens) in which one token of probability 1e-8 was
+    drawn: its raw surprisal (18.4) made the normal z-test reject such a file (an honest
+    embedded-model file measured z = 6.07); capped and bounded by Freedman's inequality it
+    stays far from alpha."""
+    n = 2400
+    q = np.full((n, 40), 1e-8)  # 39 tokens of 1e-8 at every position: 3.9e-7 of rare mass
+    q[:, 0] = 1 - 39e-8
+    q[::100, 0], q[::100, 1] = 0.95, 0.05 - 38e-8  # 1% of the tokens have a real choice
+    rng = np.random.default_rng(1)
+    drawn = np.array([rng.choice(40, p=row / row.sum()) for row in q])
+    drawn[n - 1] = 5  # the rare draw: over 2,400 tokens about once in 1,000 files
+    raw = -np.log(q[np.arange(n), drawn])
+    entropy = -(q * np.log(q)).sum(-1)
+    raw_var = (q * np.log(q) ** 2).sum(-1) - entropy**2
+    assert (raw - entropy).sum() / math.sqrt(raw_var.sum()) > 4.89  # the old test rejected
+    stats = sampling_statistics([_file_stats(q, drawn)], [0])
+    assert stats.surprisal_p > 1e-3
+
+
+def test_surprisal_test_rejects_colder_and_weaker_sampling_and_bounds_honest_rejects():
+    rng = np.random.default_rng(7)
+    logits = rng.normal(0, 2.0, (3000, 30))
+    q = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+
+    def file(p: np.ndarray) -> TokenStats:
+        u = rng.random((len(p), 1))
+        drawn = (np.cumsum(p, -1) < u).sum(-1).clip(max=p.shape[1] - 1)
+        return _file_stats(q[: len(p)], drawn)
+
+    cold = np.exp(logits / 0.5) / np.exp(logits / 0.5).sum(-1, keepdims=True)
+    flat = np.exp(logits / 2.0) / np.exp(logits / 2.0).sum(-1, keepdims=True)
+    assert sampling_statistics([file(cold)], [0]).surprisal_p < 1e-6
+    assert sampling_statistics([file(flat)], [0]).surprisal_p < 1e-6
+    # honest files: the bound holds whatever the tails, so at alpha = 0.05 well under 5%
+    honest = [sampling_statistics([file(q[:300])], [0]).surprisal_p for _ in range(200)]
+    assert sum(p < 0.05 for p in honest) <= 10

@@ -263,8 +263,9 @@ def check_sampling(
             CheckFailure(
                 "sampling",
                 statistics.worst_sample,
-                f"surprisal z = {statistics.surprisal_z:.2f} over {statistics.tokens} tokens (p = {statistics.surprisal_p:.2g} "
-                f"< {alpha}); this sample's z = {statistics.worst_sample_z:.2f}",
+                f"surprisal z = {statistics.surprisal_z:.2f} over {statistics.tokens} tokens "
+                f"(Freedman bound p = {statistics.surprisal_p:.2g} < {alpha}); "
+                f"this sample's z = {statistics.worst_sample_z:.2f}",
             )
         )
     if statistics.pit_p < alpha:
@@ -281,6 +282,7 @@ def check_sampling(
         "sampling",
         failures,
         surprisal_z=statistics.surprisal_z,
+        surprisal_p=statistics.surprisal_p,
         pit_ks=statistics.pit_ks,
         pit_p=statistics.pit_p,
         max_replay_excess=worst_excess,

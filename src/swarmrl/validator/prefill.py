@@ -12,8 +12,9 @@ prompt + completion. Per token it computes:
 - under the sampling distribution softmax(logits / T) (top-p truncated when top_p < 1,
   exactly as ``swarmrl.generation.sampler.draw`` builds it): the token's log-probability
   (the quantity the worker reports), the probability of EOS, the token's CDF interval in
-  the sampler's inverse-CDF order (for replay), and the moments of the surprisal and the
-  probability-integral transform used by the statistical test (``sampling_test``).
+  the sampler's inverse-CDF order (for replay), the capped surprisal min(-log q(x), C) with
+  its exact mean and variance under q (C = ``SURPRISAL_CAP``), and the
+  probability-integral transform, used by the statistical tests (``sampling``).
 
 The sampler and this prefill apply the same weights with the same fp32 ops, but over
 different shapes (one token at a time there, whole completions here), so matrix
@@ -40,6 +41,12 @@ _STATS_ELEMENTS = 1 << 24
 # Floor for a probability whose log is taken: a token outside the top-p nucleus has
 # probability 0 under the sampling distribution; its surprisal is then large, not inf.
 _TINY = 1e-300
+# The surprisal test works on min(-log q(x), C): an honest worker does now and then draw a
+# token of probability 1e-12, whose raw surprisal (27.6) would dominate a whole file's sum
+# and make it heavy-tailed. Capped, every token moves the sum by at most C, which is what
+# lets the test bound its false rejects without assuming normality (sampling.py). Any
+# token below e^-C (4.5e-5) still counts fully as "unlikely".
+SURPRISAL_CAP = 10.0
 
 
 @dataclass
@@ -53,9 +60,11 @@ class TokenStats:
     eos_probs: np.ndarray  # float64 [n]: probability of EOS under the sampling distribution
     cdf_low: np.ndarray  # float64 [n]: the token's CDF interval in the sampler's order, normalized
     cdf_high: np.ndarray  # float64 [n]
-    surprisal: np.ndarray  # float64 [n]: -log q(token), q = the sampling distribution
-    entropy: np.ndarray  # float64 [n]: E_q[-log q]
-    surprisal_var: np.ndarray  # float64 [n]: Var_q[-log q]
+    surprisal: (
+        np.ndarray
+    )  # float64 [n]: min(-log q(token), SURPRISAL_CAP), q = the sampling distribution
+    surprisal_mean: np.ndarray  # float64 [n]: E_q[min(-log q, SURPRISAL_CAP)]
+    surprisal_var: np.ndarray  # float64 [n]: Var_q[min(-log q, SURPRISAL_CAP)]
     rank_low: np.ndarray  # float64 [n]: q-mass of tokens more likely than this one
     prob: np.ndarray  # float64 [n]: q(token)
 
@@ -88,9 +97,9 @@ def _distribution_stats(
         high = cdf[rows, tokens]
         low = high - probs[rows, tokens]
         q = probs / total[:, None]
-    logq = q.clamp(min=_TINY).log()
-    entropy = -(q * logq).sum(-1)
-    second = (q * logq * logq).sum(-1)
+    capped = (-q.clamp(min=_TINY).log()).clamp(max=SURPRISAL_CAP)
+    mean = (q * capped).sum(-1)
+    second = (q * capped * capped).sum(-1)
     q_tok = q[rows, tokens]
     rank_low = (q * (q > q_tok[:, None])).sum(-1)
     return {
@@ -98,9 +107,9 @@ def _distribution_stats(
         "eos_probs": q[:, eos_id].numpy(),
         "cdf_low": (low / total).numpy(),
         "cdf_high": (high / total).numpy(),
-        "surprisal": -q_tok.clamp(min=_TINY).log().numpy(),
-        "entropy": entropy.numpy(),
-        "surprisal_var": (second - entropy * entropy).clamp(min=0).numpy(),
+        "surprisal": capped[rows, tokens].numpy(),
+        "surprisal_mean": mean.numpy(),
+        "surprisal_var": (second - mean * mean).clamp(min=0).numpy(),
         "rank_low": rank_low.numpy(),
         "prob": q_tok.numpy(),
     }
