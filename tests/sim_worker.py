@@ -22,7 +22,8 @@ from swarmrl.protocol.membership import Membership
 
 def main(url: str, key: str, workdir: str, gen: float) -> None:
     identity = load_identity(Path(key))
-    member = Membership(url, identity, "worker", retry_base=0.1)
+    holding: set[int] = set()
+    member = Membership(url, identity, "worker", busy=lambda: bool(holding), retry_base=0.1)
     view = member.start()
     client = PoolClient(url, identity)
     while not view.finished:
@@ -39,6 +40,8 @@ def main(url: str, key: str, workdir: str, gen: float) -> None:
         if work is None:
             time.sleep(answer.retry_seconds or 0.1)
             continue
+        holding.add(work.id)
+        member.nudge()
         print(f"holding {work.id} {work.step}", flush=True)
         time.sleep(gen)
         path = rollout_file(Path(workdir) / f"{work.id}.parquet", identity.address, work)
@@ -47,6 +50,8 @@ def main(url: str, key: str, workdir: str, gen: float) -> None:
             print(f"uploaded {work.id} {info.state}", flush=True)
         except PoolRefused as exc:
             print(f"refused {work.id} {exc.status}", flush=True)
+        holding.discard(work.id)
+        member.nudge()
     member.stop()
 
 

@@ -5,10 +5,13 @@ its own folder."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -446,3 +449,38 @@ def test_next_policy_comes_as_a_delta_against_the_one_held(tmp_path):
             assert (fetched < 0.9 * second.file_size) if deltas else fetched == second.file_size
     finally:
         server.stop()
+
+
+def test_a_member_holding_work_beats_twice_per_interval(tmp_path):
+    """The orchestrator re-issues the share of a holder silent for half an interval plus
+    slack (speculation.py): so a member holding work beats HOLDING_BEATS times per
+    interval, counted from its newest beat, and once per interval otherwise."""
+    pool = make_pool(tmp_path, heartbeat_seconds=1.0)
+    busy = threading.Event()
+    beats: list[float] = []
+
+    class Counted(Membership):
+        def beat(self):
+            view = super().beat()
+            beats.append(time.monotonic())
+            return view
+
+    member = Counted(pool.url, Identity.generate(), "worker", busy=busy.is_set)
+
+    def gaps(seconds: float) -> list[float]:
+        beats.clear()
+        time.sleep(seconds)
+        return [b - a for a, b in itertools.pairwise(beats)]
+
+    try:
+        member.start()
+        idle = gaps(3.5)
+        busy.set()
+        member.nudge()
+        holding = gaps(3.5)
+    finally:
+        member.stop()
+        pool.stop()
+    assert len(idle) >= 2 and min(idle) >= 0.95  # never more often than asked
+    assert len(holding) >= 4 and min(holding) >= 0.45
+    assert statistics.median(holding) < 0.75 < statistics.median(idle)

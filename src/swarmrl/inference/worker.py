@@ -297,12 +297,14 @@ def run_worker(
     loaded_step = -1  # the newest policy it loaded (newer than policy_step with a policy lag)
     held: dict[int, tuple] = {}  # loaded policies by step, kept while a lag may need them
     retry_cap = cfg.supervision.backoff_max_seconds
+    holding: set[int] = set()  # assignments taken and not yet delivered: beat faster
 
     member = Membership(
         orchestrator,
         identity,
         "worker",
         policy_step=lambda: policy_step if policy_step >= 0 else None,
+        busy=lambda: bool(holding),
         recipe=recipe.of_run(cfg, "worker"),
         retry_base=cfg.worker.poll_seconds,
         retry_cap=retry_cap,
@@ -337,7 +339,11 @@ def run_worker(
                 + "\n"
             )
         behaviour.tamper(path, meta)
-        uploader.deliver(path, meta.submission, deadlines.pop(meta.submission))
+        try:
+            uploader.deliver(path, meta.submission, deadlines.pop(meta.submission))
+        finally:
+            holding.discard(meta.submission)
+            member.nudge()
 
     # Trouble fetching or loading the newest policy is retried with a doubling delay, not
     # on every poll; meanwhile the worker generates with the policy it holds.
@@ -421,6 +427,8 @@ def run_worker(
                 log.debug("no assignment: %s", answer.reason)
                 time.sleep(answer.retry_seconds or cfg.worker.poll_seconds)
                 continue
+            holding.add(work.id)
+            member.nudge()
             batch, meta = generate_assignment(
                 cfg,
                 model,

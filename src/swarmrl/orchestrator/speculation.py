@@ -5,7 +5,8 @@ A step whose need is covered by assignments out waits for every one of them: wit
 holder silent (its link cut, its uploads failing), the whole pool waits until that
 assignment lapses, up to its deadline. So when a worker holding nothing asks for work
 and no step needs more, the pool looks at the open assignments of the steps still
-short of samples. One is *overdue* when its holder missed a heartbeat, or when it has
+short of samples. One is *overdue* when its holder missed a beat (a member holding work
+beats twice per heartbeat interval, `protocol.membership.HOLDING_BEATS`), or when it has
 been out `straggler_factor` times longer than the newest returned assignments took.
 The share of an overdue assignment (the first assignment's id; a re-issue names it in
 `covers`) is issued to the idle worker as a new assignment of the same step, with its
@@ -29,6 +30,7 @@ from sqlalchemy.orm import aliased
 
 from swarmrl.ledger import Assignment, Heartbeat, Submission
 from swarmrl.ledger.models import LIVE_STATES, SHARE, share_of
+from swarmrl.protocol.membership import HOLDING_BEATS
 
 RECENT_RETURNS = 32  # newest returned assignments the usual duration is measured over
 
@@ -82,9 +84,11 @@ def won(c: Connection, share: int) -> bool:
 
 
 def silence_allowed(heartbeat_seconds: float) -> float:
-    """Seconds without a heartbeat before a holder counts as silent: one interval, and a
-    little slack for a beat that is merely late on a busy machine."""
-    return heartbeat_seconds + min(heartbeat_seconds / 4, 1.0)
+    """Seconds without a heartbeat before a holder counts as silent: a holder beats
+    `HOLDING_BEATS` times per interval, so the gap between its beats, and a little slack
+    for a beat that is merely late on a busy machine. Less than one interval: a cut
+    holder stalls the pool for less than a heartbeat (docs/orchestrator.md)."""
+    return heartbeat_seconds / HOLDING_BEATS + min(heartbeat_seconds / 4, 1.0)
 
 
 @dataclass(frozen=True)

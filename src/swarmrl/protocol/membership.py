@@ -2,7 +2,8 @@
 
 Workers and relays keep a `Membership` for their whole life. It registers (retrying
 while the orchestrator cannot be reached), then heartbeats at the interval the
-orchestrator's answers ask for, and keeps the newest answer: the step, the async bound,
+orchestrator's answers ask for (twice as often while it holds work, see `HOLDING_BEATS`),
+counted from its newest beat, whichever thread sent it, and keeps the newest answer: the step, the async bound,
 the newest checkpoint, the relays, the origin, and whether the run is finished. A
 member the orchestrator declared dead (missed heartbeats) registers again; trouble
 reaching it is logged and retried with a doubling delay, never fatal, because an
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import httpx
@@ -27,6 +29,12 @@ log = logging.getLogger("swarmrl.membership")
 # Transport trouble (`PoolUnreachable` is a ConnectionError) and the orchestrator's own
 # failures are worth retrying; a 4xx is an answer about this member, not retried blindly.
 RETRYABLE = (httpx.TransportError, ConnectionError)
+
+# Beats per heartbeat interval while the member holds work (`busy()`). The orchestrator
+# re-issues the share of a holder silent for half an interval plus a little slack
+# (`orchestrator/speculation.py`), so a holder whose link is cut stalls the pool for less
+# than one interval; members without work beat once per interval.
+HOLDING_BEATS = 2
 
 
 def retryable(exc: Exception) -> bool:
@@ -43,8 +51,10 @@ def ejected(exc: Exception) -> bool:
 class Membership:
     """Registration and the heartbeat thread of one member; `view()` is the newest answer.
 
-    `policy_step()` is read before each heartbeat (the newest checkpoint the member holds).
-    It has its own HTTP client, so callers may use theirs from other threads meanwhile.
+    `policy_step()` is read before each heartbeat (the newest checkpoint the member holds);
+    `busy()` says whether it holds work (then it beats `HOLDING_BEATS` times per interval;
+    call `nudge()` when that changes). It has its own HTTP client, so callers may use
+    theirs from other threads meanwhile.
     """
 
     def __init__(
@@ -55,6 +65,7 @@ class Membership:
         *,
         member_url: str | None = None,
         policy_step: Callable[[], int | None] = lambda: None,
+        busy: Callable[[], bool] = lambda: False,
         recipe: api.Recipe | None = None,
         retry_base: float = 0.5,
         retry_cap: float = 30.0,
@@ -63,12 +74,15 @@ class Membership:
         self.role = role
         self.member_url = member_url
         self.policy_step = policy_step
+        self.busy = busy
         self.recipe = recipe  # sent with each registration: a mismatch is refused
         self.retry_base = retry_base
         self.retry_cap = retry_cap
         self._lock = threading.Lock()  # one request at a time on this client
         self._view: api.HeartbeatResponse | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()  # stop() or nudge(): look at the schedule again
+        self._last_beat = time.monotonic()
         self._thread: threading.Thread | None = None
         self._failures = 0
 
@@ -111,10 +125,16 @@ class Membership:
                 view = self.client.heartbeat(self.policy_step())
             self._view = view
             self._failures = 0
+            self._last_beat = time.monotonic()
             return view
+
+    def nudge(self) -> None:
+        """Re-plan the next beat now (`busy()` changed)."""
+        self._wake.set()
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
         self.client.close()
@@ -128,21 +148,29 @@ class Membership:
         log.info("registered with %s as %s %s", self.client.url, member.role, member.address)
 
     def _run(self) -> None:
-        delay = self._interval()
-        while not self._stop.wait(delay):
+        retry_at = None  # after a failed beat: when to try again
+        while not self._stop.is_set():
+            due = retry_at if retry_at is not None else self._last_beat + self._interval()
+            wait = due - time.monotonic()
+            if wait > 0:
+                self._wake.wait(wait)
+                self._wake.clear()
+                continue  # stopped, nudged or due: look again
             try:
                 self.beat()
-                delay = self._interval()
+                retry_at = None
             except Exception as exc:  # noqa: BLE001 - a heartbeat thread must not die
                 if ejected(exc):
                     # Every further beat is refused: the member's own loop stops on its
                     # next request, so the thread says it once and ends.
                     log.error("heartbeat refused, stopping the heartbeats: %s", exc)
                     return
-                delay = self._trouble("heartbeat failed", exc)
+                retry_at = time.monotonic() + self._trouble("heartbeat failed", exc)
 
     def _interval(self) -> float:
-        return self._view.heartbeat_seconds if self._view is not None else self.retry_base
+        if self._view is None:
+            return self.retry_base
+        return self._view.heartbeat_seconds / (HOLDING_BEATS if self.busy() else 1)
 
     def _trouble(self, what: str, exc: Exception) -> float:
         self._failures += 1
