@@ -37,3 +37,20 @@ def test_uniform_group_has_zero_advantage_and_no_signal():
     assert np.all(adv == 0.0)
     assert not has_signal([0.7] * 8)
     assert has_signal([0.7] * 7 + [0.69])
+
+
+def test_scaled_length_shaping_multiplies_the_task_reward():
+    """task.length_shaping = "scale": reward = task * exp(-alpha * |target - length|), so a
+    wrong answer scores 0 whatever its length and a right one in the wrong style (9 tokens
+    off, alpha 0.2) e^-1.8 = 0.165, still above every wrong answer."""
+    right_but_long = score_sample(1.0, 41, 50, 0.2, "scale")
+    assert right_but_long.total == pytest.approx(0.16529888822158653)
+    assert right_but_long.length_penalty == pytest.approx(1 - 0.16529888822158653)
+    wrong_on_target = score_sample(0.0, 41, 41, 0.2, "scale")
+    assert wrong_on_target.total == 0.0 and wrong_on_target.length_penalty == 0.0
+    assert score_sample(0.0, 41, 50, 0.2, "scale").total == 0.0
+    assert score_sample(1.0, 41, 41, 0.2, "scale").total == 1.0
+    assert score_sample(0.5, 41, 42, 0.2, "scale").total == pytest.approx(0.5 * np.exp(-0.2))
+    assert length_penalty(None, 50, 0.2, task_reward=1.0, shaping="scale") == 0.0
+    # the paper's subtraction ranks them the other way round
+    assert score_sample(1.0, 41, 50, 0.2).total < score_sample(0.0, 41, 41, 0.2).total

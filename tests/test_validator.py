@@ -150,6 +150,18 @@ def test_values_check_recomputes_penalties_rewards_and_advantages():
     )
 
 
+def test_values_check_with_scaled_length_shaping():
+    lengths, targets, task = [30, 40, 32, 44], [32, 32, 32, 44], [1.0, 0.0, 1.0, 0.0]
+    scaled = [t * np.exp(-0.2 * abs(g - k)) for t, g, k in zip(task, targets, lengths, strict=True)]
+    rows = _rows(scaled, task, targets, lengths)
+    rows = rows.replace(length_penalties=[t - r for t, r in zip(task, scaled, strict=True)])
+    check = lambda shaping: checks.check_values(  # noqa: E731
+        rows, task, alpha=0.2, group_size=4, tolerance=1e-5, shaping=shaping
+    )
+    assert check("scale").passed
+    assert not check("subtract").passed
+
+
 def test_consistency_check_bounds_policy_step_and_groups():
     rows = _rows([0.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 1.0], [32] * 4, [3] * 4)
     rows = Rollouts(**{**rows.__dict__, "policy_step": [4] * 4})

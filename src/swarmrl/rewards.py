@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -24,22 +26,47 @@ class Reward:
         return self.task_reward - self.length_penalty
 
 
-def length_penalty(target_length: int | None, completion_length: int, alpha: float) -> float:
-    """alpha * |target - length|; zero when the prompt has no target (target None or < 0).
+# How the length target shapes the reward (the run's ``task.length_shaping``):
+# "subtract": reward = task reward - alpha * |target - length| (the paper's);
+# "scale": reward = task reward * exp(-alpha * |target - length|): the length only ranks
+# samples of equal task reward, so no length makes up for a wrong answer (docs/trainer.md).
+LengthShaping = Literal["subtract", "scale"]
+
+
+def length_penalty(
+    target_length: int | None,
+    completion_length: int,
+    alpha: float,
+    *,
+    task_reward: float = 0.0,
+    shaping: LengthShaping = "subtract",
+) -> float:
+    """What the length target takes off the task reward; zero when the prompt has no
+    target (target None or < 0). ``subtract``: alpha * |target - length|; ``scale``:
+    task_reward * (1 - exp(-alpha * |target - length|)).
 
     alpha is the run's ``task.length_alpha``; the result is the sample's length penalty.
     """
     if target_length is None or target_length < 0:
         return 0.0
-    return alpha * abs(target_length - completion_length)
+    miss = alpha * abs(target_length - completion_length)
+    if shaping == "scale":
+        return task_reward * -math.expm1(-miss)
+    return miss
 
 
 def score_sample(
-    task_reward: float, target_length: int | None, completion_length: int, alpha: float
+    task_reward: float,
+    target_length: int | None,
+    completion_length: int,
+    alpha: float,
+    shaping: LengthShaping = "subtract",
 ) -> Reward:
     return Reward(
         task_reward=task_reward,
-        length_penalty=length_penalty(target_length, completion_length, alpha),
+        length_penalty=length_penalty(
+            target_length, completion_length, alpha, task_reward=task_reward, shaping=shaping
+        ),
     )
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from swarmrl.assignment import assign_from_seed
 from swarmrl.config import RunConfig
-from swarmrl.rewards import group_advantages, length_penalty
+from swarmrl.rewards import LengthShaping, group_advantages, length_penalty
 from swarmrl.rollouts import Rollouts
 from swarmrl.tasks.base import Problem, Task
 
@@ -142,13 +142,25 @@ def _close(stored: float, recomputed: float, tolerance: float) -> bool:
 
 
 def check_values(
-    rows: Rollouts, task_rewards: list[float], *, alpha: float, group_size: int, tolerance: float
+    rows: Rollouts,
+    task_rewards: list[float],
+    *,
+    alpha: float,
+    group_size: int,
+    tolerance: float,
+    shaping: LengthShaping = "subtract",
 ) -> CheckResult:
     """Task rewards (recomputed by the caller), length penalties, totals and group advantages."""
     failures: dict[int, CheckFailure] = {}
     totals = []
     for i in range(len(rows)):
-        penalty = length_penalty(rows.target_lengths[i], len(rows.output_tokens[i]), alpha)
+        penalty = length_penalty(
+            rows.target_lengths[i],
+            len(rows.output_tokens[i]),
+            alpha,
+            task_reward=task_rewards[i],
+            shaping=shaping,
+        )
         total = task_rewards[i] - penalty
         totals.append(total)
         for name, stored, want in (

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from swarmrl.rewards import LengthShaping
 from swarmrl.toploc.thresholds import TOPLOC_PRESETS
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,12 @@ class TaskConfig(_Section):
         0.2,
         ge=0,
         description="alpha in reward = task reward - alpha*|target - length| (paper: 3e-4 for thousands of tokens)",
+    )
+    length_shaping: LengthShaping = Field(
+        "subtract",
+        description="subtract: reward = task reward - alpha*|target - length| (the paper's); "
+        "scale: reward = task reward * exp(-alpha*|target - length|), so the length only ranks "
+        "samples of equal task reward",
     )
 
     @model_validator(mode="before")

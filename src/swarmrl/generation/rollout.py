@@ -14,7 +14,7 @@ import torch
 
 from swarmrl.assignment import Assignment
 from swarmrl.generation.sampler import Generation, SamplingParams, sample
-from swarmrl.rewards import group_advantages, has_signal, score_sample
+from swarmrl.rewards import LengthShaping, group_advantages, has_signal, score_sample
 from swarmrl.rollouts import empty_columns
 from swarmrl.scoring import completion_text, prompt_ids
 from swarmrl.tasks.base import Task
@@ -43,6 +43,7 @@ def generate_rollouts(
     policy_step: int,
     length_alpha: float,
     capture_hidden: bool = True,
+    length_shaping: LengthShaping = "subtract",
     proofs: bool = True,
     sampler: Sampler = sample,
 ) -> RolloutBatch:
@@ -75,7 +76,9 @@ def generate_rollouts(
     for gen, p_idx, prompt, seed in zip(gens, owners, prompts, seeds, strict=True):
         problem, target = problems[p_idx], assignment.target_lengths[p_idx]
         text = completion_text(tokenizer, gen.tokens, params.eos_token_id)
-        reward = score_sample(task.score(problem, text), target, len(gen.tokens), length_alpha)
+        reward = score_sample(
+            task.score(problem, text), target, len(gen.tokens), length_alpha, length_shaping
+        )
         rewards.append(reward.total)
         cols["problem_id"].append(problem.problem_id)
         cols["input_tokens"].append(prompt)

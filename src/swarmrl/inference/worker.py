@@ -259,6 +259,7 @@ def generate_assignment(
         ),
         policy_step=policy_step,
         length_alpha=cfg.task.length_alpha,
+        length_shaping=cfg.task.length_shaping,
         proofs=False,
         sampler=sampler,
     )

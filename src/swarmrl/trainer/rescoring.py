@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from swarmrl.config import RunConfig
-from swarmrl.rewards import group_advantages, length_penalty
+from swarmrl.rewards import LengthShaping, group_advantages, length_penalty
 from swarmrl.rollouts import RolloutFileError, RolloutMeta, Rollouts
 from swarmrl.scoring import check_assignment, check_values, completion_text, expected_prompts
 from swarmrl.tasks.base import Task
@@ -37,11 +37,13 @@ def recompute_values(
     *,
     alpha: float,
     group_size: int,
+    shaping: LengthShaping = "subtract",
 ) -> tuple[list[float], list[float], list[float]]:
     """Length penalties, total rewards and group advantages from verified task rewards;
     groups are `group_size` consecutive samples."""
     penalties = [
-        length_penalty(t, n, alpha) for t, n in zip(target_lengths, completion_lengths, strict=True)
+        length_penalty(t, n, alpha, task_reward=r, shaping=shaping)
+        for r, t, n in zip(task_rewards, target_lengths, completion_lengths, strict=True)
     ]
     totals = [r - p for r, p in zip(task_rewards, penalties, strict=True)]
     if len(totals) % group_size:
@@ -82,6 +84,7 @@ class Rescorer:
             rows,
             task_rewards,
             alpha=self.cfg.task.length_alpha,
+            shaping=self.cfg.task.length_shaping,
             group_size=group_size,
             tolerance=VALUE_TOLERANCE,
         )
@@ -102,6 +105,7 @@ class Rescorer:
             [len(o) for o in rows.output_tokens],
             alpha=self.cfg.task.length_alpha,
             group_size=group_size,
+            shaping=self.cfg.task.length_shaping,
         )
         as32 = lambda xs: np.asarray(xs, dtype=np.float32).tolist()  # noqa: E731 (the file's precision)
         return rows.replace(

@@ -229,6 +229,7 @@ def _validate(
             rows,
             task_rewards,
             alpha=cfg.task.length_alpha,
+            shaping=cfg.task.length_shaping,
             group_size=group,
             tolerance=settings.value_tolerance,
         )
