@@ -77,7 +77,7 @@ def orchestrator(tmp_path: Path, allowlist: Path, *extra: str) -> tuple[subproce
 class SimWorker:
     """A `sim_worker.py` process and the lines it printed, with when they came."""
 
-    def __init__(self, url: str, tmp_path: Path, name: str) -> None:
+    def __init__(self, url: str, tmp_path: Path, name: str, gen: float = GEN) -> None:
         self.key = tmp_path / f"{name}.key"
         self.address = generate_key_file(self.key).address
         workdir = tmp_path / name
@@ -89,7 +89,7 @@ class SimWorker:
                 url,
                 str(self.key),
                 str(workdir),
-                str(GEN),
+                str(gen),
             ],
             stdout=subprocess.PIPE,
             text=True,
@@ -246,6 +246,56 @@ def test_a_stopped_worker_does_not_stall_its_step(tmp_path, speculate):
     # Paid for the two files trained, 4 samples each, nothing for the refused one.
     paid = {m["address"]: m["paid"] for m in status["members"] if m["role"] == "worker"}
     assert sum(paid.values()) == 8 and paid[stalled.address] == 0
+
+
+@pytest.mark.slow
+def test_a_worker_that_beats_but_never_uploads_is_covered_as_a_straggler(tmp_path):
+    """Heartbeats go on, the upload never comes (a worker stuck, or its uploads failing):
+    its share goes to the idle worker once it has been out `straggler_factor` (4) times
+    the newest returned assignments' median, long before its deadline."""
+    trainer = Identity.generate()
+    allowlist = tmp_path / "allowlist"
+    allowlist.write_text(f"{trainer.address} trainer\n")
+    proc, url = orchestrator(tmp_path, allowlist, "--speculate")
+    workers: list[SimWorker] = []
+    try:
+        with PoolClient(url, trainer) as t:
+            t.register("trainer")
+            t.announce_checkpoint(0, "a" * 64)
+            stuck = SimWorker(url, tmp_path, "stuck", gen=600.0)
+            workers.append(stuck)
+            holding = stuck.wait_for("holding", 30).split()
+            workers.append(SimWorker(url, tmp_path, "fast"))
+            assert step_full_within(url, timeout=60) is not None, "the step waited"
+            beat = next(
+                m["last_heartbeat"]
+                for m in httpx.get(f"{url}/v1/status").json()["members"]
+                if m["address"] == stuck.address
+            )
+            assert stuck.proc.poll() is None  # still "generating", still beating
+    finally:
+        for w in workers:
+            w.stop()
+        proc.terminate()
+        proc.wait(timeout=30)
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    try:
+        with ledger.session() as s:
+            assert check_ledger(s) == []
+            twin = s.query(Assignment).filter(Assignment.covers.is_not(None)).one()
+            original = s.get_one(Assignment, int(holding[1]))
+            assert twin.covers == original.id and twin.worker != stuck.address
+            returned = [
+                a.closed_at - a.issued_at
+                for a in s.query(Assignment).filter(Assignment.state == "returned")
+                if a.id != twin.id
+            ]
+            # covered as a straggler, not as silent: it beat after the twin was issued
+            assert beat > twin.issued_at - silence_allowed(HEARTBEAT)
+            wait = twin.issued_at - original.issued_at
+            assert 4 * min(returned) * 0.9 <= wait < 60
+    finally:
+        ledger.close()
 
 
 def test_an_assignment_fills_its_own_share_or_the_one_it_covers():
