@@ -2,8 +2,10 @@
 
 A registered worker uploads, for its own open assignment (2 prompts x 2 samples = 4
 rows), Parquet files of a few kB whose zero-token columns decode to tens or hundreds of
-MiB. For each, in a fresh process after one small upload has warmed the upload path, the
-process's peak resident memory (VmHWM) before and after the refused upload.
+MiB, and one whose footer is forged to claim 64 values and 2 kB per column chunk while
+its pages hold 16 M tokens (`tests/parquet_forge.py`). For each, in a fresh process
+after one small upload has warmed the upload path, the process's peak resident memory
+(VmHWM) before and after the refused upload.
 
     python benchmarks/bench_upload_bomb.py [--max-new-tokens 64]
 """
@@ -21,11 +23,15 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from parquet_forge import understate_footer
 from swarmrl.identity import Identity
 from swarmrl.protocol import PoolClient, PoolRefused
 from swarmrl.rollouts import RolloutMeta, write_rollouts
 
-SHAPES = [(384, 16_384), (4, 1 << 20), (4, 64)]  # (rows, tokens per row); the last is honest-sized
+# (rows, tokens per row, footer forged); the last is honest-sized
+SHAPES = [(384, 16_384, False), (4, 1 << 20, False), (4, 1 << 22, True), (4, 64, False)]
 
 
 def peak_rss_kib(pid: int) -> int:
@@ -63,7 +69,7 @@ def bomb(path: Path, worker: str, step: int, assignment: int, rows: int, tokens:
     return write_rollouts(path, columns, meta)
 
 
-def refuse_one(rows: int, tokens: int, max_new_tokens: str) -> tuple[int, str, float]:
+def refuse_one(rows: int, tokens: int, forged: bool, max_new_tokens: str) -> tuple[int, str, float]:
     """In a fresh orchestrator: (file bytes, outcome, peak RSS growth in MiB)."""
     with tempfile.TemporaryDirectory() as scratch:
         tmp = Path(scratch)
@@ -96,6 +102,8 @@ def refuse_one(rows: int, tokens: int, max_new_tokens: str) -> tuple[int, str, f
             a = worker.assignment(0).assignment
             assert a is not None
             path = bomb(tmp / "bomb.parquet", worker.address, 0, a.id, rows, tokens)
+            if forged:
+                path = understate_footer(path, tmp / "forged.parquet", 64, 2048)
             before = peak_rss_kib(proc.pid)
             try:
                 worker.upload(a.id, path)
@@ -112,11 +120,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-new-tokens", default="64", help="'' for the version's default")
     args = parser.parse_args()
-    print(f"{'rows x tokens':>16} {'file bytes':>10} {'decoded MiB':>11} {'peak RSS +MiB':>13}")
-    for rows, tokens in SHAPES:
-        size, outcome, grown = refuse_one(rows, tokens, args.max_new_tokens)
+    print(
+        f"{'rows x tokens':>16} {'footer':>6} {'file bytes':>10} {'decoded MiB':>11} {'peak RSS +MiB':>13}"
+    )
+    for rows, tokens, forged in SHAPES:
+        size, outcome, grown = refuse_one(rows, tokens, forged, args.max_new_tokens)
         decoded = rows * tokens * 8 / 2**20
-        print(f"{rows:>6} x {tokens:<8} {size:>10} {decoded:>11.0f} {grown:>13.1f}  ({outcome})")
+        footer = "forged" if forged else "honest"
+        print(
+            f"{rows:>6} x {tokens:<8} {footer:>6} {size:>10} {decoded:>11.0f} {grown:>13.1f}  ({outcome})"
+        )
     return 0
 
 

@@ -21,6 +21,7 @@ from eth_account.messages import encode_defunct
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from parquet_forge import understate_footer
 from pool_fixtures import JSON, pool_id, rollout_columns, rollout_file
 from swarmrl.identity import Identity, body_digest, sign_request
 from swarmrl.ledger import Ledger
@@ -302,18 +303,27 @@ def _bomb(path: Path, worker: str, a: api.AssignmentInfo, rows: int, tokens: int
     return write_rollouts(path, columns, meta)
 
 
-@pytest.mark.parametrize(("rows", "tokens"), [(384, 16_384), (4, 1 << 20)])
-def test_a_bomb_upload_is_refused_before_it_is_decoded(server, rows, tokens):
+@pytest.mark.parametrize(
+    ("rows", "tokens", "forged"),
+    [(384, 16_384, False), (4, 1 << 20, False), (4, 1 << 22, True)],
+    ids=["rows", "tokens", "forged-footer"],
+)
+def test_a_bomb_upload_is_refused_before_it_is_decoded(server, rows, tokens, forged):
+    """forged: the footer claims 64 values and 2 kB per column chunk while the pages hold
+    16 M zero tokens (decoded to 100 MiB before the page headers were checked)."""
     proc, url, worker, _, tmp = server
     a = worker.assignment(0).assignment
     assert a is not None
     bomb = _bomb(tmp / f"bomb-{rows}.parquet", worker.address, a, rows, tokens)
+    if forged:
+        bomb = understate_footer(bomb, tmp / "forged.parquet", 64, 2048)
     assert bomb.stat().st_size < 64 * 1024
     before = _peak_rss_kib(proc.pid)
     with pytest.raises(PoolRefused) as refused:
         worker.upload(a.id, bomb)
     grown_mib = (_peak_rss_kib(proc.pid) - before) / 1024
     assert refused.value.status == 422
+    assert not forged or "its pages hold" in refused.value.detail
     assert grown_mib < 16, f"the orchestrator's peak memory grew {grown_mib:.0f} MiB"
     # It cost the sender its assignment: closed, not open for another try.
     honest = rollout_file(tmp / f"honest-{rows}.parquet", worker.address, a)

@@ -13,9 +13,12 @@ hostile file costs no more than an honest file of its byte size:
 1. the file's byte size (``stat``), then the Parquet footer alone: typed metadata,
    schema, row count, and per column the number of values, the uncompressed size and
    the min/max statistics, against ``RolloutBounds`` (from the run's config);
-2. only then the columns, as Arrow arrays, checked again without trusting the footer:
+2. the page headers of every column chunk (``pages.py``), because the footer's figures
+   are claims: what each page says it decompresses to and how many values it decodes,
+   summed, against the same bounds, before any page is decompressed;
+3. only then the columns, as Arrow arrays, checked again without trusting the footer:
    nulls, per-row list lengths, token-id range, NaN/Inf;
-3. a file in a ``step_<n>`` folder must say step n.
+4. a file in a ``step_<n>`` folder must say step n.
 
 Anything refused raises ``RolloutFileError``, whose message is one line naming the file
 and the problem.
@@ -35,6 +38,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from swarmrl.config.sections import CONTEXT_TOKENS
+from swarmrl.rollouts.pages import PageError, chunk_pages
 from swarmrl.rollouts.rows import FLOAT_COLUMNS, SCHEMA, TOKEN_COLUMNS
 from swarmrl.runfolder import step_of_folder
 
@@ -51,6 +55,10 @@ _THRIFT_CONTAINER_LIMIT = 1 << 16
 # and the scalar columns, with room for Parquet's page and encoding overhead.
 _ROW_OVERHEAD = 512
 _FOOTER_ALLOWANCE = 1 << 16
+# Pages a file may hold: a few per column chunk, and one per 8 KiB of what it may decode
+# to (writers cut pages at about 1 MiB); this bounds the CPU a header walk can cost.
+_MAX_PAGES_PER_CHUNK = 64
+_MIN_PAGE_BYTES = 8192
 TOPLOC_CHUNK = 32
 PROOF_BYTES = 258
 
@@ -270,7 +278,57 @@ def _footer(path: Path, pf: pq.ParquetFile, bounds: RolloutBounds) -> RolloutMet
             f"columns decompress to {uncompressed} bytes; {rows} samples within the run's "
             f"limits take at most {budget}",
         )
+    _check_pages(path, md, leaf, rows, budget, bounds)
     return meta
+
+
+def _check_pages(path: Path, md, leaf: dict[str, int], rows: int, budget: int, bounds) -> None:
+    """The page headers' own figures against the bounds (module docstring, step 2)."""
+    size = path.stat().st_size
+    data_end = size - 8 - md.serialized_size  # the footer and its length + magic follow
+    max_pages = _MAX_PAGES_PER_CHUNK + budget // _MIN_PAGE_BYTES
+    uncompressed = 0
+    with open(path, "rb") as fh:
+        for name, index in leaf.items():
+            values = 0
+            for g in range(md.num_row_groups):
+                chunk = md.row_group(g).column(index)
+                start = _chunk_start(chunk)
+                length = chunk.total_compressed_size
+                if start < 4 or length < 0 or start + length > data_end:
+                    raise RolloutFileError(
+                        path, f"column {name!r}: its pages lie outside the file's data"
+                    )
+                fh.seek(start)
+                try:
+                    pages = chunk_pages(fh.read(length), max_pages)
+                except PageError as exc:
+                    raise RolloutFileError(path, f"column {name!r}: {exc}") from None
+                max_pages -= pages.pages
+                uncompressed += pages.uncompressed_bytes
+                values += max(pages.values, pages.dictionary_values)
+            if values > bounds.max_values(name, rows) + rows:
+                raise RolloutFileError(
+                    path,
+                    f"column {name!r}: its pages hold {values} values; {rows} samples within "
+                    f"the run's limits hold at most {bounds.max_values(name, rows)}",
+                )
+    if uncompressed > budget:
+        raise RolloutFileError(
+            path,
+            f"pages decompress to {uncompressed} bytes; {rows} samples within the run's "
+            f"limits take at most {budget}",
+        )
+
+
+def _chunk_start(chunk) -> int:
+    """Where a column chunk's pages begin, as Parquet readers find it: at its dictionary
+    page when it has one before the data pages, else at the first data page."""
+    start = chunk.data_page_offset
+    dictionary = chunk.dictionary_page_offset if chunk.has_dictionary_page else None
+    if dictionary is not None and 0 < dictionary < start:
+        start = dictionary
+    return start
 
 
 def _check_token_range(path: Path, name: str, low: int, high: int, bounds: RolloutBounds) -> None:
