@@ -4,6 +4,7 @@ invalidation, validation that workers cannot see, payouts when a step ends (once
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -77,7 +78,7 @@ def staked_worker(pool, owner, amount: float = 5.0) -> PoolClient:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_worker_registers_by_locking_its_stake(tmp_path, backend, owner, capsys):
+def test_a_worker_registers_by_locking_its_stake(tmp_path, backend, owner, capsys, caplog):
     p = staked_pool(tmp_path, backend, owner)
     try:
         worker = p.client(Identity.generate())
@@ -92,8 +93,10 @@ def test_a_worker_registers_by_locking_its_stake(tmp_path, backend, owner, capsy
         key.write_text(owner.account.key.hex())
         key.chmod(0o600)
         fund = ["pool", "fund", "--orchestrator", p.url, "--key", str(key), worker.address]
+        caplog.set_level(logging.INFO)
         assert main([*fund, "3"]) == 0
         assert "balance 3" in capsys.readouterr().out
+        assert not [r for r in caplog.records if r.name == "httpx"]  # no line per request
         assert "2 short" in refused(lambda: worker.register("worker"), 402)
         assert main([*fund, "4"]) == 0
         joined = worker.register("worker")

@@ -5,10 +5,12 @@ of it, answer 4xx, and change nothing it should not."""
 
 from __future__ import annotations
 
+import http.server
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -269,6 +271,42 @@ def test_an_old_client_is_told_to_upgrade(server):
         r = httpx.request(method, url + path, content=content or None, headers=headers)
         assert r.status_code == 426, r.text
         assert "swarmrl/1" in r.json()["detail"] and "upgrade" in r.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("signing", "said"),
+    [(None, "older than this client"), (b'{"protocol": "swarmrl/3", "pool": "ab"}', "swarmrl/3")],
+    ids=["no-signing-endpoint", "other-protocol"],
+)
+def test_a_new_client_at_an_old_orchestrator_is_told_why(signing, said):
+    """An orchestrator that predates pool-bound signatures has no /v1/signing (404); one of
+    another version answers another protocol. A real HTTP server on loopback plays it."""
+
+    class Old(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            found = self.path == "/v1/signing" and signing is not None
+            self.send_response(200 if found else 404)
+            body = signing if found else b'{"detail": "Not Found"}'
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Old)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        with PoolClient(url, Identity.generate()) as c, pytest.raises(PoolRefused) as refused:
+            c.register("worker")
+        assert refused.value.status == 426 and said in refused.value.detail
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 # -- hole 2: the upload decompression bomb ------------------------------------------------
