@@ -451,6 +451,7 @@ def test_next_policy_comes_as_a_delta_against_the_one_held(tmp_path):
         server.stop()
 
 
+@pytest.mark.slow
 def test_a_member_holding_work_beats_twice_per_interval(tmp_path):
     """The orchestrator re-issues the share of a holder silent for half an interval plus
     slack (speculation.py): so a member holding work beats HOLDING_BEATS times per
