@@ -3,7 +3,13 @@
 import numpy as np
 import pytest
 
-from swarmrl.rewards import group_advantages, has_signal, length_penalty, score_sample
+from swarmrl.rewards import (
+    group_advantages,
+    has_signal,
+    length_penalty,
+    score_sample,
+    shaped_advantages,
+)
 
 
 def test_length_penalty():
@@ -54,3 +60,22 @@ def test_scaled_length_shaping_multiplies_the_task_reward():
     assert length_penalty(None, 50, 0.2, task_reward=1.0, shaping="scale") == 0.0
     # the paper's subtraction ranks them the other way round
     assert score_sample(1.0, 41, 50, 0.2).total < score_sample(0.0, 41, 41, 0.2).total
+
+
+def test_decoupled_advantages_normalize_correctness_and_length_apart():
+    """Two right answers 9 tokens off (penalty 1.8) and two wrong ones on target: jointly
+    the wrong ones win; decoupled, correctness and length weigh alike and cancel."""
+    task, penalty = [1.0, 1.0, 0.0, 0.0], [1.8, 1.8, 0.0, 0.0]
+    joint = shaped_advantages(task, penalty)
+    assert joint == pytest.approx([-1, -1, 1, 1], abs=1e-5)
+    assert shaped_advantages(task, penalty, "decoupled") == pytest.approx([0, 0, 0, 0])
+    # right/long, right/short, wrong/long, wrong/short: z(task) = [1, 1, -1, -1],
+    # z(-penalty) = [-1, 1, -1, 1]; their sum [0, 2, -2, 0] normalized: [0, 1.414, -1.414, 0]
+    mixed = shaped_advantages([1.0, 1.0, 0.0, 0.0], [0.4, 0.0, 0.4, 0.0], "decoupled")
+    assert mixed == pytest.approx([0, 2**0.5, -(2**0.5), 0], abs=1e-5)
+    # only the length varies: the same as the joint advantages
+    same = ([1.0] * 4, [0.0, 0.2, 0.4, 0.6])
+    assert shaped_advantages(*same, "decoupled") == pytest.approx(
+        shaped_advantages(*same), abs=1e-5
+    )
+    assert not shaped_advantages([1.0] * 4, [0.2] * 4, "decoupled").any()

@@ -78,6 +78,31 @@ def group_advantages(rewards: np.ndarray | list[float]) -> np.ndarray:
     return ((r - r.mean()) / (r.std() + ADVANTAGE_EPS)).astype(np.float32)
 
 
+# How a group's advantages are formed (the run's ``task.advantage_mode``):
+# "joint": normalize the total reward within the group (GRPO's);
+# "decoupled": normalize the task reward and the negated length penalty each within the
+# group, add them, and normalize the sum, so a spread in length never drowns a spread in
+# correctness (docs/trainer.md).
+AdvantageMode = Literal["joint", "decoupled"]
+
+
+def shaped_advantages(
+    task_rewards: np.ndarray | list[float],
+    length_penalties: np.ndarray | list[float],
+    mode: AdvantageMode = "joint",
+) -> np.ndarray:
+    """One group's advantages from its task rewards and length penalties (see above)."""
+    task = np.asarray(task_rewards, dtype=np.float64)
+    penalty = np.asarray(length_penalties, dtype=np.float64)
+    if mode == "joint":
+        return group_advantages(task - penalty)
+    parts = group_advantages(task).astype(np.float64) + group_advantages(-penalty)
+    # The parts are z-scores: a spread this small is the 1e-6 of their denominators.
+    if parts.max() - parts.min() <= 1e-4:
+        return np.zeros(len(parts), dtype=np.float32)
+    return group_advantages(parts)
+
+
 def has_signal(rewards: np.ndarray | list[float]) -> bool:
     """False when every reward in the group is the same (zero advantage everywhere)."""
     r = np.asarray(rewards, dtype=np.float64)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from swarmrl.assignment import assign_from_seed
 from swarmrl.config import RunConfig
-from swarmrl.rewards import LengthShaping, group_advantages, length_penalty
+from swarmrl.rewards import AdvantageMode, LengthShaping, length_penalty, shaped_advantages
 from swarmrl.rollouts import Rollouts
 from swarmrl.tasks.base import Problem, Task
 
@@ -149,10 +149,11 @@ def check_values(
     group_size: int,
     tolerance: float,
     shaping: LengthShaping = "subtract",
+    advantage_mode: AdvantageMode = "joint",
 ) -> CheckResult:
     """Task rewards (recomputed by the caller), length penalties, totals and group advantages."""
     failures: dict[int, CheckFailure] = {}
-    totals = []
+    penalties = []
     for i in range(len(rows)):
         penalty = length_penalty(
             rows.target_lengths[i],
@@ -162,7 +163,7 @@ def check_values(
             shaping=shaping,
         )
         total = task_rewards[i] - penalty
-        totals.append(total)
+        penalties.append(penalty)
         for name, stored, want in (
             ("task reward", rows.task_rewards[i], task_rewards[i]),
             ("length penalty", rows.length_penalties[i], penalty),
@@ -173,7 +174,8 @@ def check_values(
                     "values", i, f"{name} {stored:.6g}, recomputed {want:.6g}"
                 )
     for g in range(0, len(rows) - len(rows) % group_size, group_size):
-        want_adv = group_advantages(totals[g : g + group_size])
+        group = slice(g, g + group_size)
+        want_adv = shaped_advantages(task_rewards[group], penalties[group], advantage_mode)
         for j, a in enumerate(want_adv):
             i = g + j
             if i not in failures and not _close(

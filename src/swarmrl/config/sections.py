@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from swarmrl.rewards import LengthShaping
+from swarmrl.rewards import AdvantageMode, LengthShaping
 from swarmrl.toploc.thresholds import TOPLOC_PRESETS
 
 logger = logging.getLogger(__name__)
@@ -61,6 +61,12 @@ class TaskConfig(_Section):
         description="subtract: reward = task reward - alpha*|target - length| (the paper's); "
         "scale: reward = task reward * exp(-alpha*|target - length|), so the length only ranks "
         "samples of equal task reward",
+    )
+    advantage_mode: AdvantageMode = Field(
+        "joint",
+        description="joint: a group's advantages normalize its total rewards (GRPO's); "
+        "decoupled: the task reward and the length penalty are each normalized within the "
+        "group, added and normalized again, so a spread in length never drowns one in correctness",
     )
 
     @model_validator(mode="before")

@@ -14,7 +14,13 @@ import torch
 
 from swarmrl.assignment import Assignment
 from swarmrl.generation.sampler import Generation, SamplingParams, sample
-from swarmrl.rewards import LengthShaping, group_advantages, has_signal, score_sample
+from swarmrl.rewards import (
+    AdvantageMode,
+    LengthShaping,
+    has_signal,
+    score_sample,
+    shaped_advantages,
+)
 from swarmrl.rollouts import empty_columns
 from swarmrl.scoring import completion_text, prompt_ids
 from swarmrl.tasks.base import Task
@@ -44,6 +50,7 @@ def generate_rollouts(
     length_alpha: float,
     capture_hidden: bool = True,
     length_shaping: LengthShaping = "subtract",
+    advantage_mode: AdvantageMode = "joint",
     proofs: bool = True,
     sampler: Sampler = sample,
 ) -> RolloutBatch:
@@ -95,7 +102,11 @@ def generate_rollouts(
     num_nonzero = 0
     for start_row in range(0, len(rewards), group):
         chunk = rewards[start_row : start_row + group]
-        cols["advantages"].extend(group_advantages(chunk).tolist())
+        rows = slice(start_row, start_row + group)
+        advantages = shaped_advantages(
+            cols["task_rewards"][rows], cols["length_penalties"][rows], advantage_mode
+        )
+        cols["advantages"].extend(advantages.tolist())
         num_nonzero += group if has_signal(chunk) else 0
     batch = RolloutBatch(
         columns=cols,

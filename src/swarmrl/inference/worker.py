@@ -260,6 +260,7 @@ def generate_assignment(
         policy_step=policy_step,
         length_alpha=cfg.task.length_alpha,
         length_shaping=cfg.task.length_shaping,
+        advantage_mode=cfg.task.advantage_mode,
         proofs=False,
         sampler=sampler,
     )

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from swarmrl.config import RunConfig
-from swarmrl.rewards import LengthShaping, group_advantages, length_penalty
+from swarmrl.rewards import AdvantageMode, LengthShaping, length_penalty, shaped_advantages
 from swarmrl.rollouts import RolloutFileError, RolloutMeta, Rollouts
 from swarmrl.scoring import check_assignment, check_values, completion_text, expected_prompts
 from swarmrl.tasks.base import Task
@@ -38,6 +38,7 @@ def recompute_values(
     alpha: float,
     group_size: int,
     shaping: LengthShaping = "subtract",
+    advantage_mode: AdvantageMode = "joint",
 ) -> tuple[list[float], list[float], list[float]]:
     """Length penalties, total rewards and group advantages from verified task rewards;
     groups are `group_size` consecutive samples."""
@@ -50,7 +51,11 @@ def recompute_values(
         raise ValueError(f"{len(totals)} samples do not fill groups of {group_size}")
     advantages: list[float] = []
     for g in range(0, len(totals), group_size):
-        advantages.extend(float(a) for a in group_advantages(totals[g : g + group_size]))
+        group = slice(g, g + group_size)
+        advantages.extend(
+            float(a)
+            for a in shaped_advantages(task_rewards[group], penalties[group], advantage_mode)
+        )
     return penalties, totals, advantages
 
 
@@ -85,6 +90,7 @@ class Rescorer:
             task_rewards,
             alpha=self.cfg.task.length_alpha,
             shaping=self.cfg.task.length_shaping,
+            advantage_mode=self.cfg.task.advantage_mode,
             group_size=group_size,
             tolerance=VALUE_TOLERANCE,
         )
@@ -106,6 +112,7 @@ class Rescorer:
             alpha=self.cfg.task.length_alpha,
             group_size=group_size,
             shaping=self.cfg.task.length_shaping,
+            advantage_mode=self.cfg.task.advantage_mode,
         )
         as32 = lambda xs: np.asarray(xs, dtype=np.float32).tolist()  # noqa: E731 (the file's precision)
         return rows.replace(

@@ -230,6 +230,7 @@ def _validate(
             task_rewards,
             alpha=cfg.task.length_alpha,
             shaping=cfg.task.length_shaping,
+            advantage_mode=cfg.task.advantage_mode,
             group_size=group,
             tolerance=settings.value_tolerance,
         )
