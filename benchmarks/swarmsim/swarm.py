@@ -24,6 +24,7 @@ import numpy as np
 
 from swarmrl.orchestrator.errors import Refusal
 from swarmrl.protocol import models as api
+from swarmrl.protocol.membership import HOLDING_BEATS
 from swarmsim.events import EventQueue, SimClock
 from swarmsim.network import Uplink, tree_depths, tree_parents
 from swarmsim.params import MBIT, SwarmParams
@@ -45,6 +46,7 @@ class Worker:
     finisher_free: float = 0.0  # when the file in flight is delivered
     retry_fetch: float = 0.0
     life: int = 0  # bumped at death: stale events of a dead worker do nothing
+    holding: int = 0  # assignments taken and not yet uploaded: it beats HOLDING_BEATS times a beat
 
 
 @dataclass
@@ -125,7 +127,7 @@ class Swarm:
         self.publish(0)
         for r in self.relays:
             self.q.after(self.rng.uniform(0, self.p.relay_poll), self.relay_poll, r)
-        self.q.after(self.p.heartbeat_seconds, self.heartbeat_round)
+        self.q.after(self.p.heartbeat_seconds / HOLDING_BEATS, self.heartbeat_round, 1)
         self.q.after(self.p.sweep_seconds, self.sweep)
         self.q.after(self.p.trainer_poll, self.trainer_poll, self.clock.now, [], {})
         for v in range(self.p.validators):
@@ -177,15 +179,24 @@ class Swarm:
     def kill(self, w: Worker) -> None:
         w.alive = False
         w.life += 1
+        w.holding = 0
 
     # -- heartbeats and the sweep ----------------------------------------------------
 
-    def heartbeat_round(self) -> None:
+    def heartbeat_round(self, tick: int = 0) -> None:
+        """Every member beats once per interval; a worker holding work also halfway
+        between (`protocol.membership.HOLDING_BEATS`), as the orchestrator expects."""
         live = [w for w in self.workers if w.alive]
-        beats: dict[str, int | None] = {self.driver.trainer: None, self.driver.validator: None}
-        beats |= {w.address: w.policy if w.policy >= 0 else None for w in live}
+        every = tick % HOLDING_BEATS == 0
+        beats: dict[str, int | None] = (
+            {self.driver.trainer: None, self.driver.validator: None} if every else {}
+        )
+        beats |= {
+            w.address: w.policy if w.policy >= 0 else None for w in live if every or w.holding
+        }
         late = self.driver.heartbeat_round(beats)
-        self.driver.count("heartbeat", len(self.relays))  # relays: counted, not members here
+        if every:
+            self.driver.count("heartbeat", len(self.relays))  # relays: counted, not members here
         by_address = {w.address: w for w in live}
         for address in late:
             try:
@@ -195,7 +206,7 @@ class Swarm:
                     self.driver.register(address)
                 else:
                     self.kill(by_address[address])  # ejected: the worker stops
-        self.q.after(self.p.heartbeat_seconds, self.heartbeat_round)
+        self.q.after(self.p.heartbeat_seconds / HOLDING_BEATS, self.heartbeat_round, tick + 1)
 
     def sweep(self) -> None:
         self.driver.pool.sweep()
@@ -263,6 +274,7 @@ class Swarm:
         if work is None:
             self.q.after(answer.retry_seconds or self.p.worker_poll, self.wake, w, w.life)
             return
+        w.holding += 1
         gen = self.p.file_seconds * w.speed * float(self.rng.lognormal(0.0, self.p.file_sigma))
         self.q.after(gen, self.generated, w, w.life, work, w.policy)
 
@@ -331,6 +343,7 @@ class Swarm:
     def upload(self, w: Worker, life: int, work: api.AssignmentInfo, policy: int) -> None:
         if life != w.life or self.done:
             return
+        w.holding -= 1
         groups = work.prompts
         signal = int(self.rng.binomial(groups, self.p.group_yield))
         try:
