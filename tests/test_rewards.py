@@ -79,3 +79,14 @@ def test_decoupled_advantages_normalize_correctness_and_length_apart():
         shaped_advantages(*same), abs=1e-5
     )
     assert not shaped_advantages([1.0] * 4, [0.2] * 4, "decoupled").any()
+
+
+def test_the_length_curriculum_moves_alpha_linearly_then_holds_it():
+    from swarmrl.config.sections import TaskConfig
+
+    plain = TaskConfig()
+    assert [plain.alpha_at(s) for s in (0, 5, 50)] == [0.2, 0.2, 0.2]
+    curriculum = TaskConfig(length_alpha_start=1.0, length_alpha_steps=10)
+    assert curriculum.alpha_at(0) == 1.0
+    assert curriculum.alpha_at(5) == pytest.approx(0.6)
+    assert curriculum.alpha_at(10) == curriculum.alpha_at(49) == 0.2

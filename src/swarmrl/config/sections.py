@@ -56,6 +56,15 @@ class TaskConfig(_Section):
         ge=0,
         description="alpha in reward = task reward - alpha*|target - length| (paper: 3e-4 for thousands of tokens)",
     )
+    length_alpha_start: float | None = Field(
+        None,
+        ge=0,
+        description="length curriculum: alpha at step 0, moving linearly to length_alpha over "
+        "length_alpha_steps steps (the style settled before the sums are learned); empty = none",
+    )
+    length_alpha_steps: int = Field(
+        0, ge=0, description="steps over which alpha moves from length_alpha_start to length_alpha"
+    )
     length_shaping: LengthShaping = Field(
         "subtract",
         description="subtract: reward = task reward - alpha*|target - length| (the paper's); "
@@ -86,6 +95,13 @@ class TaskConfig(_Section):
         )
         data["length_alpha"] = old
         return data
+
+    def alpha_at(self, step: int) -> float:
+        """The length coefficient for samples of `step`: length_alpha, or on the curriculum."""
+        if self.length_alpha_start is None or step >= self.length_alpha_steps:
+            return self.length_alpha
+        share = max(step, 0) / self.length_alpha_steps
+        return self.length_alpha_start + share * (self.length_alpha - self.length_alpha_start)
 
     @model_validator(mode="after")
     def _needs_path(self) -> TaskConfig:

@@ -258,7 +258,7 @@ def generate_assignment(
             )
         ),
         policy_step=policy_step,
-        length_alpha=cfg.task.length_alpha,
+        length_alpha=cfg.task.alpha_at(work.step),
         length_shaping=cfg.task.length_shaping,
         advantage_mode=cfg.task.advantage_mode,
         proofs=False,

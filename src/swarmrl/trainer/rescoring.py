@@ -88,7 +88,7 @@ class Rescorer:
         claimed = check_values(
             rows,
             task_rewards,
-            alpha=self.cfg.task.length_alpha,
+            alpha=self.cfg.task.alpha_at(meta.step),
             shaping=self.cfg.task.length_shaping,
             advantage_mode=self.cfg.task.advantage_mode,
             group_size=group_size,
@@ -109,7 +109,7 @@ class Rescorer:
             task_rewards,
             rows.target_lengths,
             [len(o) for o in rows.output_tokens],
-            alpha=self.cfg.task.length_alpha,
+            alpha=self.cfg.task.alpha_at(meta.step),
             group_size=group_size,
             shaping=self.cfg.task.length_shaping,
             advantage_mode=self.cfg.task.advantage_mode,

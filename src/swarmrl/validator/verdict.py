@@ -228,7 +228,7 @@ def _validate(
         checks.check_values(
             rows,
             task_rewards,
-            alpha=cfg.task.length_alpha,
+            alpha=cfg.task.alpha_at(meta.step),
             shaping=cfg.task.length_shaping,
             advantage_mode=cfg.task.advantage_mode,
             group_size=group,
