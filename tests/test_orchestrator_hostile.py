@@ -28,7 +28,7 @@ from pool_fixtures import JSON, pool_id, rollout_columns, rollout_file
 from swarmrl.identity import Identity, body_digest, sign_request
 from swarmrl.ledger import Ledger
 from swarmrl.orchestrator import OrchestratorConfig
-from swarmrl.orchestrator.auth import RequestVerifier
+from swarmrl.orchestrator.auth import RateLimiter, RequestVerifier
 from swarmrl.orchestrator.errors import Refusal
 from swarmrl.orchestrator.pool import Pool
 from swarmrl.orchestrator.store import RolloutStore
@@ -402,5 +402,61 @@ def test_a_replay_that_waited_past_the_window_is_refused(tmp_path):
         with pytest.raises(Refusal) as refused:
             pool.heartbeat(beat, api.HeartbeatRequest())
         assert refused.value.status == 401 and "window" in refused.value.detail
+    finally:
+        ledger.close()
+
+
+# -- what strangers can make the pool keep ---------------------------------------------
+
+
+def test_the_rate_limiter_forgets_refilled_buckets():
+    now = [0.0]
+    limiter = RateLimiter(rate=10.0, burst=5, clock=lambda: now[0])
+    for i in range(3 * RateLimiter.PRUNE_FROM):
+        assert limiter.allow(f"0x{i:040x}")
+        now[0] += 0.001  # 3 s of strangers, one request each
+    # a bucket refills in burst / rate = 0.5 s: only the last half second's are kept
+    assert len(limiter) <= RateLimiter.PRUNE_FROM + 500
+    busy = "0x" + "ab" * 20
+    assert all(limiter.allow(busy) for _ in range(5)) and not limiter.allow(busy)
+
+
+def test_new_members_join_at_the_pool_rate_and_members_rejoin_freely(tmp_path):
+    now = [time.time()]
+    config = OrchestratorConfig(
+        ledger=f"sqlite:///{tmp_path / 'ledger.db'}",
+        store=str(tmp_path / "store"),
+        secret_file=str(tmp_path / "secret"),
+        join_rate_per_second=1.0,
+        join_burst=2,
+    )
+    ledger = Ledger(config.ledger)
+    try:
+        pool = Pool(
+            config,
+            ledger,
+            RolloutStore(config.store),
+            b"s" * 32,
+            {},
+            clock=lambda: now[0],
+            joins=RateLimiter(1.0, 2, clock=lambda: now[0]),
+        )
+        verifier = RequestVerifier(config.timestamp_window, "ab" * 16)
+
+        def join(who: Identity) -> api.Member:
+            body = b'{"role": "worker"}'
+            headers = sign_request(who, "POST", "/v1/register", body_digest(body), pool="ab" * 16)
+            caller = verifier.verify("POST", "/v1/register", headers, body_digest(body))
+            return pool.register(caller, api.RegisterRequest(role="worker"))
+
+        first, second, third = (Identity.generate() for _ in range(3))
+        join(first)
+        join(second)
+        with pytest.raises(Refusal) as refused:
+            join(third)
+        assert refused.value.status == 429 and "new members a second" in refused.value.detail
+        join(first)  # a member registering again is not a new row: never limited
+        now[0] += 1.0
+        assert join(third).address == third.address
     finally:
         ledger.close()

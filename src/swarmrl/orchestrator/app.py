@@ -124,6 +124,7 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
         read_allowlist(config.allowlist),
         clock=clock,
         limiter=RateLimiter(config.rate_per_second, config.rate_burst),
+        joins=RateLimiter(config.join_rate_per_second, config.join_burst),
     )
     signing = api.SigningInfo(protocol=PROTOCOL, pool=pool_id(secret, config.run_id))
     verifier = RequestVerifier(config.timestamp_window, signing.pool)

@@ -43,7 +43,14 @@ class Caller:
 
 
 class RateLimiter:
-    """A token bucket per address: `rate` requests per second, bursts up to `burst`."""
+    """A token bucket per address: `rate` requests per second, bursts up to `burst`.
+
+    Any signed request reaches it, a stranger's too, so it forgets the buckets that have
+    refilled (an address idle that long is indistinguishable from a new one): what it
+    keeps is bounded by the addresses active within `burst / rate` seconds, not by every
+    address that ever signed a request."""
+
+    PRUNE_FROM = 4096  # buckets kept before the first sweep for refilled ones
 
     def __init__(
         self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic
@@ -53,6 +60,7 @@ class RateLimiter:
         self.clock = clock
         self._buckets: dict[str, tuple[float, float]] = {}
         self._lock = threading.Lock()
+        self._prune_at = self.PRUNE_FROM
 
     def allow(self, address: str) -> bool:
         now = self.clock()
@@ -63,7 +71,22 @@ class RateLimiter:
                 self._buckets[address] = (tokens, now)
                 return False
             self._buckets[address] = (tokens - 1, now)
+            if len(self._buckets) > self._prune_at:
+                self._forget_refilled(now)
             return True
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def _forget_refilled(self, now: float) -> None:
+        """Drop every bucket that is full again; sweep next at twice what is left, so the
+        sweeps cost O(1) per request on average."""
+        self._buckets = {
+            a: (t, last)
+            for a, (t, last) in self._buckets.items()
+            if t + (now - last) * self.rate < self.burst
+        }
+        self._prune_at = max(self.PRUNE_FROM, 2 * len(self._buckets))
 
 
 def pool_id(secret: bytes, run_id: str | None) -> str:

@@ -144,6 +144,14 @@ class OrchestratorConfig(BaseModel):
     )
     rate_per_second: float = Field(20.0, gt=0, description="requests per second per address")
     rate_burst: int = Field(60, ge=1, description="requests an address may send in one burst")
+    join_rate_per_second: float = Field(
+        50.0,
+        gt=0,
+        description="new members the pool registers per second, whoever asks (each is a "
+        "ledger row; a free pool is open to any number of new keys); over it, 429 and the "
+        "member retries",
+    )
+    join_burst: int = Field(1000, ge=1, description="new members registered in one burst")
     max_upload_bytes: int = Field(
         64 * 1024 * 1024, ge=1024, description="largest rollout file accepted"
     )

@@ -53,6 +53,7 @@ class Pool:
         allowlist: dict[str, set[str]],
         clock: Callable[[], float] = time.time,
         limiter: RateLimiter | None = None,
+        joins: RateLimiter | None = None,
     ) -> None:
         self.config = config
         self.ledger = ledger
@@ -61,6 +62,7 @@ class Pool:
         self.allowlist = allowlist
         self.clock = clock
         self.limiter = limiter
+        self.joins = joins  # one bucket ("join") for registrations of new addresses
         self._lock = threading.Lock()
         self._view: api.HeartbeatResponse | None = None  # what heartbeats answer; None = rebuild
         self.recipe = recipe.of_pool(config)
@@ -125,6 +127,17 @@ class Pool:
         try:
             now = self.clock()
             with self.signed_act(caller) as s:
+                if (
+                    self.joins is not None
+                    and not membership.is_member(s.connection(), caller.address)
+                    and not self.joins.allow("join")
+                ):
+                    raise Refusal(
+                        429,
+                        "rate_limited",
+                        f"the pool registers at most {self.config.join_rate_per_second:g} new "
+                        "members a second; try again shortly",
+                    )
                 joined = membership.register(
                     s,
                     caller,

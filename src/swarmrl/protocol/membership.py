@@ -38,8 +38,11 @@ HOLDING_BEATS = 2
 
 
 def retryable(exc: Exception) -> bool:
-    """Whether the request may succeed if sent again later (unreachable, or a 5xx)."""
-    return isinstance(exc, RETRYABLE) or (isinstance(exc, PoolRefused) and exc.status >= 500)
+    """Whether the request may succeed if sent again later (unreachable, a 5xx, or 429:
+    over a rate limit, such as the pool's rate of new members)."""
+    return isinstance(exc, RETRYABLE) or (
+        isinstance(exc, PoolRefused) and (exc.status >= 500 or exc.status == 429)
+    )
 
 
 def ejected(exc: Exception) -> bool:
