@@ -246,6 +246,9 @@ def main() -> int:
                 "2",
                 "--rate-per-second",
                 "50",
+                # every simulated worker registers in the first second: one burst
+                "--join-burst",
+                str(max(1000, args.workers)),
                 "--validation-fraction",
                 "0.1",
             ],
