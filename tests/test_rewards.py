@@ -90,3 +90,12 @@ def test_the_length_curriculum_moves_alpha_linearly_then_holds_it():
     assert curriculum.alpha_at(0) == 1.0
     assert curriculum.alpha_at(5) == pytest.approx(0.6)
     assert curriculum.alpha_at(10) == curriculum.alpha_at(49) == 0.2
+
+
+def test_centered_advantages_are_not_divided_by_the_spread():
+    # seven right, one wrong: GRPO gives the wrong one -2.65; centered, -0.875
+    task = [1.0] * 7 + [0.0]
+    joint = shaped_advantages(task, [0.0] * 8)
+    assert joint[-1] == pytest.approx(-(7**0.5), rel=1e-4)
+    centered = shaped_advantages(task, [0.0] * 8, "centered")
+    assert centered == pytest.approx([0.125] * 7 + [-0.875])

@@ -82,8 +82,11 @@ def group_advantages(rewards: np.ndarray | list[float]) -> np.ndarray:
 # "joint": normalize the total reward within the group (GRPO's);
 # "decoupled": normalize the task reward and the negated length penalty each within the
 # group, add them, and normalize the sum, so a spread in length never drowns a spread in
-# correctness (docs/trainer.md).
-AdvantageMode = Literal["joint", "decoupled"]
+# correctness (docs/trainer.md);
+# "centered": the total reward minus the group's mean, not divided by its std (Dr. GRPO,
+# Liu et al. 2025): a nearly solved group's one wrong sample no longer gets a large
+# normalized advantage.
+AdvantageMode = Literal["joint", "decoupled", "centered"]
 
 
 def shaped_advantages(
@@ -96,6 +99,9 @@ def shaped_advantages(
     penalty = np.asarray(length_penalties, dtype=np.float64)
     if mode == "joint":
         return group_advantages(task - penalty)
+    if mode == "centered":
+        total = task - penalty
+        return (total - total.mean()).astype(np.float32)
     parts = group_advantages(task).astype(np.float64) + group_advantages(-penalty)
     # The parts are z-scores: a spread this small is the 1e-6 of their denominators.
     if parts.max() - parts.min() <= 1e-4:

@@ -75,7 +75,8 @@ class TaskConfig(_Section):
         "joint",
         description="joint: a group's advantages normalize its total rewards (GRPO's); "
         "decoupled: the task reward and the length penalty are each normalized within the "
-        "group, added and normalized again, so a spread in length never drowns one in correctness",
+        "group, added and normalized again, so a spread in length never drowns one in correctness; "
+        "centered: the total reward minus the group mean, not divided by the std (Dr. GRPO)",
     )
 
     @model_validator(mode="before")
