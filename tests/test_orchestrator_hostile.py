@@ -371,6 +371,51 @@ def test_a_bomb_upload_is_refused_before_it_is_decoded(server, rows, tokens, for
     assert alive(proc, url)
 
 
+UPLOAD_MUTATIONS = st.lists(
+    st.tuples(
+        st.sampled_from(["flip", "insert", "delete", "truncate"]),
+        st.integers(0, 1 << 20),
+        st.integers(1, 255),
+    ),
+    min_size=1,
+    max_size=3,
+)
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(mutations=UPLOAD_MUTATIONS)
+def test_mutated_uploads_get_an_answer_and_the_process_lives(server, mutations):
+    """A member's honest file with bytes flipped, inserted, deleted or cut, uploaded for its
+    own open assignment (signature and body hash right, so it reaches the footer, the page
+    headers and the columns): 201 or a 4xx, never a 5xx, and the server lives on."""
+    proc, url, _, _, tmp = server
+    worker = PoolClient(url, Identity.generate())  # a fresh member: a refusal costs its record
+    worker.register("worker")
+    a = worker.assignment(0).assignment
+    assert a is not None
+    data = bytearray(rollout_file(tmp / f"honest-{a.id}.parquet", worker.address, a).read_bytes())
+    for kind, where, byte in mutations:
+        at = where % max(len(data), 1)
+        if kind == "flip":
+            data[at] ^= byte
+        elif kind == "insert":
+            data[at:at] = bytes([byte])
+        elif kind == "delete":
+            del data[at]
+        else:
+            del data[max(at, 1) :]
+    path = tmp / f"mutated-{a.id}.parquet"
+    path.write_bytes(bytes(data))
+    try:
+        worker.upload(a.id, path)
+    except PoolRefused as exc:
+        assert 400 <= exc.status < 500, exc
+    assert alive(proc, url)
+
+
 # -- hole 6: a replay held back behind the pool lock --------------------------------------
 
 
