@@ -264,25 +264,16 @@ def _footer(path: Path, pf: pq.ParquetFile, bounds: RolloutBounds) -> RolloutMet
             stats = chunk.statistics
             if name in TOKEN_COLUMNS and stats is not None and stats.has_min_max:
                 _check_token_range(path, name, int(stats.min), int(stats.max), bounds)
-        # A list column's empty lists still count one value each, hence the `rows` slack.
-        if values > bounds.max_values(name, rows) + rows:
-            raise RolloutFileError(
-                path,
-                f"column {name!r} holds {values} values; {rows} samples within the run's "
-                f"limits hold at most {bounds.max_values(name, rows)}",
-            )
+        _values_within(path, f"column {name!r} holds", name, values, rows, bounds)
     budget = rows * bounds.max_sample_bytes + _FOOTER_ALLOWANCE
-    if uncompressed > budget:
-        raise RolloutFileError(
-            path,
-            f"columns decompress to {uncompressed} bytes; {rows} samples within the run's "
-            f"limits take at most {budget}",
-        )
+    _bytes_within(path, "columns", uncompressed, rows, budget)
     _check_pages(path, md, leaf, rows, budget, bounds)
     return meta
 
 
-def _check_pages(path: Path, md, leaf: dict[str, int], rows: int, budget: int, bounds) -> None:
+def _check_pages(
+    path: Path, md, leaf: dict[str, int], rows: int, budget: int, bounds: RolloutBounds
+) -> None:
     """The page headers' own figures against the bounds (module docstring, step 2)."""
     size = path.stat().st_size
     data_end = size - 8 - md.serialized_size  # the footer and its length + magic follow
@@ -307,17 +298,28 @@ def _check_pages(path: Path, md, leaf: dict[str, int], rows: int, budget: int, b
                 max_pages -= pages.pages
                 uncompressed += pages.uncompressed_bytes
                 values += max(pages.values, pages.dictionary_values)
-            if values > bounds.max_values(name, rows) + rows:
-                raise RolloutFileError(
-                    path,
-                    f"column {name!r}: its pages hold {values} values; {rows} samples within "
-                    f"the run's limits hold at most {bounds.max_values(name, rows)}",
-                )
-    if uncompressed > budget:
+            _values_within(path, f"column {name!r}: its pages hold", name, values, rows, bounds)
+    _bytes_within(path, "pages", uncompressed, rows, budget)
+
+
+def _values_within(
+    path: Path, what: str, name: str, values: int, rows: int, bounds: RolloutBounds
+) -> None:
+    # A list column's empty lists still count one value each, hence the `rows` slack.
+    if values > bounds.max_values(name, rows) + rows:
         raise RolloutFileError(
             path,
-            f"pages decompress to {uncompressed} bytes; {rows} samples within the run's "
-            f"limits take at most {budget}",
+            f"{what} {values} values; {rows} samples within the run's limits hold at most "
+            f"{bounds.max_values(name, rows)}",
+        )
+
+
+def _bytes_within(path: Path, what: str, total: int, rows: int, budget: int) -> None:
+    if total > budget:
+        raise RolloutFileError(
+            path,
+            f"{what} decompress to {total} bytes; {rows} samples within the run's limits "
+            f"take at most {budget}",
         )
 
 

@@ -35,6 +35,16 @@ _NUM_VALUES = 1
 # its statistics); anything deeper or with long lists is not a page header.
 _MAX_DEPTH = 8
 _MAX_CONTAINER = 1024
+# How a scalar of each Thrift type is read (and so skipped).
+_READ = {
+    TType.BOOL: "readBool",
+    TType.BYTE: "readByte",
+    TType.I16: "readI16",
+    TType.I32: "readI32",
+    TType.I64: "readI64",
+    TType.DOUBLE: "readDouble",
+    TType.STRING: "readBinary",  # as bytes: statistics are not UTF-8
+}
 
 
 class PageError(ValueError):
@@ -145,8 +155,8 @@ def _skip(p: TCompactProtocol, kind: int, depth: int) -> None:
     depth is bounded."""
     if depth <= 0:
         raise PageError("a page header nested too deep")
-    if kind == TType.STRING:
-        p.readBinary()
+    if kind in _READ:
+        getattr(p, _READ[kind])()
     elif kind == TType.STRUCT:
         p.readStructBegin()
         while True:
@@ -168,14 +178,5 @@ def _skip(p: TCompactProtocol, kind: int, depth: int) -> None:
             _skip(p, key, depth - 1)
             _skip(p, value, depth - 1)
         p.readMapEnd()
-    elif kind in (TType.BOOL, TType.BYTE, TType.I16, TType.I32, TType.I64, TType.DOUBLE):
-        {
-            TType.BOOL: p.readBool,
-            TType.BYTE: p.readByte,
-            TType.I16: p.readI16,
-            TType.I32: p.readI32,
-            TType.I64: p.readI64,
-            TType.DOUBLE: p.readDouble,
-        }[kind]()
     else:
         raise PageError(f"unknown Thrift type {kind} in a page header")
