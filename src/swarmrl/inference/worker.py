@@ -33,6 +33,7 @@ step changed by its `Behaviour`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -402,6 +403,10 @@ def run_worker(
                     failures = 0
                     unlisted_since = None
                     log.info("loaded policy step %d, generating with %d", loaded_step, policy_step)
+                    # Say so now, not at the next scheduled beat: the pool times each
+                    # checkpoint's spread by the heartbeats that report it.
+                    with contextlib.suppress(Exception):
+                        member.beat()
                 except VersionUnavailableError as exc:
                     # Relays list a checkpoint once they mirrored it, a moment after it
                     # was announced: look again soon, and only long waits are trouble.

@@ -208,7 +208,8 @@ def rollout_update(
         before = []
         for m, old_logprobs, w in zip(mb_micros, mb_old, mb_w, strict=True):
             logprobs, entropy = forward_logprobs(model, m.ids, m.targets, s.temperature)
-            before.append(logprobs.detach())
+            if s.max_update_kl > 0:
+                before.append(logprobs.detach())
             out = grpo_loss(
                 GRPOLossInput(
                     logprobs=logprobs,
