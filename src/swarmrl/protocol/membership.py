@@ -30,10 +30,9 @@ log = logging.getLogger("swarmrl.membership")
 # failures are worth retrying; a 4xx is an answer about this member, not retried blindly.
 RETRYABLE = (httpx.TransportError, ConnectionError)
 
-# Beats per heartbeat interval while the member holds work (`busy()`). The orchestrator
-# re-issues the share of a holder silent for half an interval plus a little slack
-# (`orchestrator/speculation.py`), so a holder whose link is cut stalls the pool for less
-# than one interval; members without work beat once per interval.
+# Beats per heartbeat interval while the member holds work (`busy()`): a late beat of a
+# holder then still lands within the orchestrator's silence window (one interval plus
+# slack, `orchestrator/speculation.py`); members without work beat once per interval.
 HOLDING_BEATS = 2
 
 
