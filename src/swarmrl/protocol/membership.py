@@ -150,24 +150,20 @@ class Membership:
         log.info("registered with %s as %s %s", self.client.url, member.role, member.address)
 
     def _run(self) -> None:
-        retry_at = None  # after a failed beat: when to try again
-        while not self._stop.is_set():
-            due = retry_at if retry_at is not None else self._last_beat + self._interval()
-            wait = due - time.monotonic()
-            if wait > 0:
-                self._wake.wait(wait)
-                self._wake.clear()
-                continue  # stopped, nudged or due: look again
+        # A fixed cadence, whatever other threads send: the pool sees this member's
+        # newest policy within one interval of its loading it.
+        delay = self._interval()
+        while not self._stop.wait(delay):
             try:
                 self.beat()
-                retry_at = None
+                delay = self._interval()
             except Exception as exc:  # noqa: BLE001 - a heartbeat thread must not die
                 if ejected(exc):
                     # Every further beat is refused: the member's own loop stops on its
                     # next request, so the thread says it once and ends.
                     log.error("heartbeat refused, stopping the heartbeats: %s", exc)
                     return
-                retry_at = time.monotonic() + self._trouble("heartbeat failed", exc)
+                delay = self._trouble("heartbeat failed", exc)
 
     def _interval(self) -> float:
         if self._view is None:
