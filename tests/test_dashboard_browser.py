@@ -17,6 +17,7 @@ import os
 import shutil
 import sqlite3
 import subprocess
+from collections import Counter
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -137,6 +138,7 @@ def test_the_dashboard_shows_the_pool_as_the_api_and_ledger_do(two_cheaters_run,
     shutil.copy(run.ledger, ledger)
     shutil.copy(run.secret, tmp_path / "secret")
     with sqlite3.connect(ledger) as db:
+        roles = dict(db.execute("SELECT address, role FROM members").fetchall())
         # Member-supplied text with markup: a relay's URL, and a reason quoting a file.
         (relay,) = db.execute("SELECT address FROM members WHERE role = 'relay' LIMIT 1").fetchone()
         db.execute("UPDATE members SET url = ? WHERE address = ?", (HOSTILE_URL, relay))
@@ -241,12 +243,15 @@ def test_the_dashboard_shows_the_pool_as_the_api_and_ledger_do(two_cheaters_run,
     for c in board["checkpoints"]:
         held = {a for step, a in arrivals if step == c["step"]}
         assert spread[str(c["step"])]["held_by"] == str(len(held))
-    # Each checkpoint before the last reached both honest workers (the run stops at the last).
-    assert all(
-        board_c["held_by"].get("worker", 0) >= 2
-        for board_c in board["checkpoints"]
-        if not board_c["final"]
-    ), board["checkpoints"]
+    # And by role, as the ledger has them. Which checkpoints a worker ever loads is timing:
+    # under async level 2 a worker generating with policy n may skip n + 1 altogether
+    # (measured on a loaded machine: checkpoint 1 reached no worker), so only the first
+    # is sure to reach the workers, each of which starts from it.
+    for c in board["checkpoints"]:
+        by_role = Counter(roles[a] for step, a in arrivals if step == c["step"])
+        assert c["held_by"] == dict(by_role), (c, by_role)
+    assert board["checkpoints"][0]["step"] == 0
+    assert board["checkpoints"][0]["held_by"].get("worker", 0) >= 1
     assert "worker" in spread["0"]["roles"]
 
     assert taken.returncode == 0 and shot.stat().st_size > 10_000, taken.stderr[-2000:]
