@@ -30,6 +30,7 @@ from sqlalchemy.orm import aliased
 
 from swarmrl.ledger import Assignment, Heartbeat, Submission
 from swarmrl.ledger.models import LIVE_STATES, SHARE, share_of
+from swarmrl.protocol.membership import HOLDING_BEATS
 
 RECENT_RETURNS = 32  # newest returned assignments the usual duration is measured over
 
@@ -83,11 +84,11 @@ def won(c: Connection, share: int) -> bool:
 
 
 def silence_allowed(heartbeat_seconds: float) -> float:
-    """Seconds without a heartbeat before a holder counts as silent: one interval, and a
-    little slack for a beat that is merely late on a busy machine. (A holder beats
-    `HOLDING_BEATS` times per interval; a window of half an interval stalled a cut link
-    less, but re-issued too eagerly on a loaded machine: docs/orchestrator.md.)"""
-    return heartbeat_seconds + min(heartbeat_seconds / 4, 1.0)
+    """Seconds without a heartbeat before a holder counts as silent: a holder beats
+    `HOLDING_BEATS` times per interval, so the gap between its beats, and a little slack
+    for a beat that is merely late on a busy machine. Less than one interval: a cut
+    holder stalls the pool for less than a heartbeat (docs/orchestrator.md)."""
+    return heartbeat_seconds / HOLDING_BEATS + min(heartbeat_seconds / 4, 1.0)
 
 
 @dataclass(frozen=True)

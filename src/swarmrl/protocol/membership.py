@@ -3,10 +3,10 @@
 Workers and relays keep a `Membership` for their whole life. It registers (retrying
 while the orchestrator cannot be reached), then heartbeats at the interval the
 orchestrator's answers ask for (twice as often while it holds work, see `HOLDING_BEATS`),
-counted from its newest beat, whichever thread sent it, and keeps the newest answer: the step, the async bound,
-the newest checkpoint, the relays, the origin, and whether the run is finished. A
-member the orchestrator declared dead (missed heartbeats) registers again; trouble
-reaching it is logged and retried with a doubling delay, never fatal, because an
+counted from its newest beat, whichever thread sent it. It keeps the newest answer: the
+step, the async bound, the newest checkpoint, the relays, the origin, and whether the run
+is finished. A member the orchestrator declared dead (missed heartbeats) registers again;
+trouble reaching it is logged and retried with a doubling delay, never fatal, because an
 orchestrator restarting must not take the pool down with it.
 """
 
@@ -30,9 +30,10 @@ log = logging.getLogger("swarmrl.membership")
 # failures are worth retrying; a 4xx is an answer about this member, not retried blindly.
 RETRYABLE = (httpx.TransportError, ConnectionError)
 
-# Beats per heartbeat interval while the member holds work (`busy()`): a late beat of a
-# holder then still lands within the orchestrator's silence window (one interval plus
-# slack, `orchestrator/speculation.py`); members without work beat once per interval.
+# Beats per heartbeat interval while the member holds work (`busy()`). The orchestrator
+# re-issues the share of a holder silent for half an interval plus a little slack
+# (`orchestrator/speculation.py`), so a holder whose link is cut stalls the pool for less
+# than one interval; members without work beat once per interval.
 HOLDING_BEATS = 2
 
 
@@ -150,20 +151,24 @@ class Membership:
         log.info("registered with %s as %s %s", self.client.url, member.role, member.address)
 
     def _run(self) -> None:
-        # A fixed cadence, whatever other threads send: the pool sees this member's
-        # newest policy within one interval of its loading it.
-        delay = self._interval()
-        while not self._stop.wait(delay):
+        retry_at = None  # after a failed beat: when to try again
+        while not self._stop.is_set():
+            due = retry_at if retry_at is not None else self._last_beat + self._interval()
+            wait = due - time.monotonic()
+            if wait > 0:
+                self._wake.wait(wait)
+                self._wake.clear()
+                continue  # stopped, nudged or due: look again
             try:
                 self.beat()
-                delay = self._interval()
+                retry_at = None
             except Exception as exc:  # noqa: BLE001 - a heartbeat thread must not die
                 if ejected(exc):
                     # Every further beat is refused: the member's own loop stops on its
                     # next request, so the thread says it once and ends.
                     log.error("heartbeat refused, stopping the heartbeats: %s", exc)
                     return
-                delay = self._trouble("heartbeat failed", exc)
+                retry_at = time.monotonic() + self._trouble("heartbeat failed", exc)
 
     def _interval(self) -> float:
         if self._view is None:
