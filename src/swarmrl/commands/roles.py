@@ -15,7 +15,7 @@ from swarmrl.config import add_config_arguments, config_from_args
 def _trainer(args: argparse.Namespace) -> int:
     from swarmrl.identity import KeyFileError, load_identity
     from swarmrl.protocol import PoolClient, PoolRefused
-    from swarmrl.trainer.distributed import relaunch_under_torchrun
+    from swarmrl.trainer.distributed import exit_rank, relaunch_under_torchrun
     from swarmrl.trainer.metrics import StepMetrics
     from swarmrl.trainer.trainer import Trainer
 
@@ -43,6 +43,8 @@ def _trainer(args: argparse.Namespace) -> int:
         print(json.dumps(record.model_dump(include=shown)), flush=True)
 
     trainer.run(on_step=show)
+    if trainer.ranks.sharded:
+        exit_rank(0)  # not through the interpreter's shutdown (see exit_rank)
     return 0
 
 
