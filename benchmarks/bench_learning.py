@@ -29,6 +29,7 @@ on which the mode's accuracy beat TRL's. Everything also goes to OUT/results.jso
     python benchmarks/bench_learning.py                          # 5 seeds, every mode
     python benchmarks/bench_learning.py --seeds 1 --steps 3 --modes sync,async2   # a smoke test
     python benchmarks/bench_learning.py --trainer.lr 5e-5        # other flags go to every run
+    python benchmarks/bench_learning.py --seeds 5 --first-seed 5  # seeds 5..9
 
 Flags it does not know are passed to every run, `swarmrl run` and trl_grpo.py alike;
 they must be configuration flags (`--section.field VALUE`), which both accept. TRL
@@ -431,7 +432,10 @@ def main() -> None:
         default=None,
         help=f"comma-separated subset of {','.join(ALL_MODES)} (default: all)",
     )
-    parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 per mode")
+    parser.add_argument("--seeds", type=int, default=5, help="N seeds per mode")
+    parser.add_argument(
+        "--first-seed", type=int, default=0, help="the seeds are FIRST..FIRST+N-1 (default 0)"
+    )
     parser.add_argument("--steps", type=int, default=50, help="training steps per run")
     parser.add_argument(
         "--out",
@@ -462,9 +466,10 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     model = (args.model or ensure_default_model()).resolve()
     subreaper = become_subreaper()
-    plan = [(seed, mode) for seed in range(args.seeds) for mode in modes]
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    plan = [(seed, mode) for seed in seeds for mode in modes]
     print(
-        f"{len(plan)} runs: modes {','.join(modes)} × seeds 0..{args.seeds - 1}, "
+        f"{len(plan)} runs: modes {','.join(modes)} × seeds {seeds[0]}..{seeds[-1]}, "
         f"{args.steps} steps each; model {model}; extra flags {extra or 'none'}; out {args.out}"
     )
     started = time.time()
@@ -484,7 +489,7 @@ def main() -> None:
         **git_state(),
         "model": str(model),
         "modes": modes,
-        "seeds": args.seeds,
+        "seeds": list(seeds),
         "steps": args.steps,
         "extra_flags": extra,
         "cpu_count": os.cpu_count(),

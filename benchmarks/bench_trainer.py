@@ -149,6 +149,7 @@ def child(args) -> None:
             )
         )
     distributed.leave(ranks)
+    distributed.exit_rank(0)  # not through the interpreter's shutdown
 
 
 def _free_port() -> int:

@@ -121,6 +121,7 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, out: str, runs:
         if ranks.is_main:
             torch.save({"stats": stats, "weights": weights, "after": after}, Path(out) / name)
     distributed.leave(ranks)
+    distributed.exit_rank(0)  # not through the interpreter's shutdown
 
 
 def _free_port() -> int:
