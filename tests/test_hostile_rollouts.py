@@ -237,6 +237,24 @@ def string_step_file(run: Run, cfg: RunConfig) -> Path:
     return write(cfg, "string-step.parquet", cols, json.dumps(raw).encode())
 
 
+def bad_utf8_file(run: Run, cfg: RunConfig) -> Path:
+    """A problem id whose bytes are not UTF-8, in a column typed string (the Parquet
+    reader passes the bytes through; found by the mutation property test)."""
+    cols = copy_cols(run.honest[0])
+    table = pa.Table.from_pydict(cols, schema=SCHEMA)
+    ids = table.column("problem_id").combine_chunks()
+    validity, offsets, data = ids.buffers()
+    raw = bytearray(data.to_pybytes())
+    raw[0] = 0x80  # a continuation byte with nothing before it
+    forged = pa.Array.from_buffers(pa.string(), len(ids), [validity, offsets, pa.py_buffer(raw)])
+    table = table.set_column(SCHEMA.get_field_index("problem_id"), "problem_id", forged)
+    path = cfg.folder.rollout_step(0) / "bad-utf8.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = meta_for(run, cols, 0).model_dump_json().encode()
+    pq.write_table(table.replace_schema_metadata({b"swarmrl": meta}), path)
+    return path
+
+
 def bomb_file(cfg: RunConfig, tokens: int = 100_000) -> Path:
     """A file's worth of completions of 100,000 tokens each: a few kB on disk, hundreds of MB
     as Python lists."""
@@ -296,6 +314,7 @@ HOSTILE = {
     "string step": (string_step_file, "malformed swarmrl metadata: step"),
     "decompression bomb": (lambda run, cfg: bomb_file(cfg), "column 'output_tokens' holds"),
     "NaN logprob": (nan_file, "NaN or infinity"),
+    "problem id not UTF-8": (bad_utf8_file, "column 'problem_id' is not valid UTF-8"),
     "folder and metadata disagree": (
         wrong_folder_file,
         "file is for step 0, found in the folder of step 1",

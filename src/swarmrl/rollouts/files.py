@@ -17,7 +17,7 @@ hostile file costs no more than an honest file of its byte size:
    are claims: what each page says it decompresses to and how many values it decodes,
    summed, against the same bounds, before any page is decompressed;
 3. only then the columns, as Arrow arrays, checked again without trusting the footer:
-   nulls, per-row list lengths, token-id range, NaN/Inf;
+   nulls, UTF-8 of the string columns, per-row list lengths, token-id range, NaN/Inf;
 4. a file in a ``step_<n>`` folder must say step n.
 
 Anything refused raises ``RolloutFileError``, whose message is one line naming the file
@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from swarmrl.config.sections import CONTEXT_TOKENS
 from swarmrl.rollouts.pages import PageError, chunk_pages
-from swarmrl.rollouts.rows import FLOAT_COLUMNS, SCHEMA, TOKEN_COLUMNS
+from swarmrl.rollouts.rows import FLOAT_COLUMNS, SCHEMA, STRING_COLUMNS, TOKEN_COLUMNS
 from swarmrl.runfolder import step_of_folder
 
 if TYPE_CHECKING:
@@ -360,6 +360,15 @@ def check_rollout_table(path: Path, table: pa.Table, bounds: RolloutBounds) -> N
     for name in SCHEMA.names:
         if table.column(name).null_count:
             raise RolloutFileError(path, f"column {name!r} has null values")
+    for name in STRING_COLUMNS:
+        # Parquet's reader takes a string column's bytes as they are; Python's decoding of
+        # them later must not be where a bad byte is found.
+        try:
+            table.column(name).validate(full=True)
+        except pa.ArrowInvalid as exc:
+            raise RolloutFileError(
+                path, f"column {name!r} is not valid UTF-8 ({_one_line(exc)})"
+            ) from None
     lengths = {
         name: table.column(name).combine_chunks().value_lengths()
         for name in ("input_tokens", "output_tokens", "output_logprobs")

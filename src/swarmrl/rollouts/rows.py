@@ -67,6 +67,7 @@ class Rollouts:
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Rollouts))
 SCHEMA = pa.schema([(f.name, f.metadata["arrow"]) for f in fields(Rollouts)])
 TOKEN_COLUMNS = ("input_tokens", "output_tokens")
+STRING_COLUMNS = tuple(f.name for f in SCHEMA if pa.types.is_string(f.type))
 FLOAT_COLUMNS = tuple(
     f.name
     for f in SCHEMA
