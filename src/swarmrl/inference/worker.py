@@ -33,7 +33,6 @@ step changed by its `Behaviour`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import shutil
@@ -405,8 +404,10 @@ def run_worker(
                     log.info("loaded policy step %d, generating with %d", loaded_step, policy_step)
                     # Say so now, not at the next scheduled beat: the pool times each
                     # checkpoint's spread by the heartbeats that report it.
-                    with contextlib.suppress(Exception):
+                    try:
                         member.beat()
+                    except Exception as exc:  # noqa: BLE001 - the heartbeat thread retries
+                        log.debug("beat after loading policy %d failed: %s", loaded_step, exc)
                 except VersionUnavailableError as exc:
                     # Relays list a checkpoint once they mirrored it, a moment after it
                     # was announced: look again soon, and only long waits are trouble.
