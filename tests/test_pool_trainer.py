@@ -45,8 +45,11 @@ def model_dir() -> Path:
 class Pool:
     """An orchestrator, its trainer key and one worker; files made as an honest worker would."""
 
-    def __init__(self, tmp: Path, model_dir: Path, steps: int, **orchestrator) -> None:
+    def __init__(
+        self, tmp: Path, model_dir: Path, steps: int, run: dict | None = None, **orchestrator
+    ) -> None:
         self.tmp = tmp
+        self.run_flags = run or {}
         self.cfg = self.config(steps)
         self.trainer_key = Identity.generate()
         self.validator_key = Identity.generate()
@@ -94,7 +97,8 @@ class Pool:
                 "trainer.batch_samples": GROUP,
                 "trainer.optimizer_steps": 1,
                 "shardcast.keep": 2,
-            },
+            }
+            | self.run_flags,
         )
 
     def trainer(self, model_dir: Path, steps: int) -> Trainer:
@@ -293,3 +297,35 @@ def test_a_restarted_trainer_resumes_and_counts_nothing_twice(tmp_path, model_di
         assert view.checkpoint.step == 2 and view.finished
     finally:
         pool.stop()
+
+
+def test_mlflow_logs_one_run_across_a_restart(tmp_path, model_dir):
+    """--log.backend mlflow into the default SQLite store, read back with MLflow's own
+    client, offline: a restarted trainer continues the MLflow run it started."""
+    from mlflow.tracking import MlflowClient
+
+    pool = Pool(tmp_path, model_dir, steps=2, run={"log.backend": "mlflow"})
+    try:
+        trainer = pool.trainer(model_dir, steps=1)
+        pool.honest_upload(0)
+        trainer.run()
+        del trainer
+        trainer = pool.trainer(model_dir, steps=2)
+        pool.honest_upload(1)
+        trainer.run()
+        records = read_metrics(pool.cfg.folder.metrics)
+    finally:
+        pool.stop()
+    store = pool.cfg.run_dir / "mlflow" / "mlflow.db"
+    client = MlflowClient(f"sqlite:///{store}")
+    runs = client.search_runs([client.get_experiment_by_name("swarmrl").experiment_id])
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.run_id == (pool.cfg.run_dir / "mlflow_run_id").read_text().strip()
+    assert run.info.status == "FINISHED" and run.info.run_name == "pooled"
+    assert run.data.params["trainer.steps"] == "1"  # logged once, by the first start
+    assert run.data.params["log.backend"] == "mlflow"
+    for name in ("reward", "task_reward", "grad_norm", "samples"):
+        history = client.get_metric_history(run.info.run_id, f"train/{name}")
+        shown = sorted((m.step, m.value) for m in history)
+        assert shown == [(r.step, pytest.approx(float(getattr(r, name)))) for r in records], name

@@ -366,10 +366,18 @@ class SupervisionConfig(_Section):
 
 
 class LogConfig(_Section):
-    backend: Literal["off", "tensorboard"] = Field(
+    backend: Literal["off", "tensorboard", "mlflow"] = Field(
         "off",
-        description="where the trainer also logs its step metrics: off, or tensorboard (event files, written without the tensorboard package; view with `tensorboard --logdir DIR`)",
+        description="where the trainer also logs its step metrics: off; tensorboard (event files, written without the tensorboard package; view with `tensorboard --logdir DIR`); or mlflow (metrics, the config as parameters and the run's summary; needs `pip install -e '.[mlflow]'`)",
     )
     dir: str | None = Field(
-        None, description="folder of the event files (default: <run>/tensorboard)"
+        None,
+        description="folder of the event files or of the MLflow SQLite store (default: <run>/tensorboard, <run>/mlflow)",
+    )
+    uri: str | None = Field(
+        None,
+        description="mlflow: the tracking URI (a server's http://host:port, or any store URI); default: a SQLite store in log.dir",
+    )
+    experiment: str = Field(
+        "swarmrl", min_length=1, description="mlflow: the experiment the run is logged under"
     )

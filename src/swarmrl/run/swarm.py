@@ -69,6 +69,7 @@ from swarmrl.run.watch import SlashingWatch, supervise, wait_for_orchestrator
 from swarmrl.supervisor import Supervisor
 from swarmrl.tasks.registry import build_task
 from swarmrl.trainer.metrics import read_metrics
+from swarmrl.trainer.sinks import open_mlflow
 from swarmrl.validator.service import verdict_counts
 
 EVAL_BATCH = 64  # problems per evaluation batch: the bar's count advances per batch
@@ -274,4 +275,9 @@ def _run(
     summary.write(folder.summary)
     summary.print(console)
     console.print(f"summary written to {folder.summary}")
+    if cfg.log.backend == "mlflow":
+        tracked = open_mlflow(cfg, folder.root)
+        tracked.add_scalars(final_step or 0, summary.model_dump(), prefix="summary/")
+        tracked.finish()
+        console.print(f"summary logged to MLflow run {tracked.run_id}")
     return summary

@@ -99,3 +99,6 @@ class EventFileWriter:
         with open(self.path, "ab") as fh:
             fh.write(record(event(time.time(), step, kept)))
             fh.flush()
+
+    def finish(self) -> None:
+        """Nothing to close: every event is flushed as it is written."""

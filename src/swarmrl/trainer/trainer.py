@@ -60,9 +60,9 @@ from swarmrl.trainer.inputs import RolloutSource, StepCollector
 from swarmrl.trainer.metrics import StepMetrics, dashboard_report, read_metrics
 from swarmrl.trainer.offpolicy import OffPolicySettings
 from swarmrl.trainer.pool_source import PoolRolloutSource
+from swarmrl.trainer.sinks import open_sink
 from swarmrl.trainer.state import load_trainer_state, save_trainer_state
 from swarmrl.trainer.status import TrainerStatus
-from swarmrl.trainer.tensorboard import EventFileWriter
 from swarmrl.trainer.update import (
     UpdateSettings,
     UpdateStats,
@@ -172,11 +172,7 @@ class Trainer:
         if not self.ranks.is_main:
             return  # rank 0 alone keeps the run folder's files and publishes
         self._repair_metrics(last_record)
-        self.events = None
-        if cfg.log.backend == "tensorboard":
-            self.events = EventFileWriter(
-                Path(cfg.log.dir) if cfg.log.dir else self.run_dir / "tensorboard"
-            )
+        self.events = open_sink(cfg, self.run_dir)
         if self.step < tc.steps:  # a finished run given more steps is not finished any more
             self.folder.trainer_done.unlink(missing_ok=True)
         if cfg.shardcast.enabled:
@@ -397,6 +393,8 @@ class Trainer:
         self.folder.trainer_done.write_text(
             json.dumps({"final_step": self.step, "time": time.time()})
         )
+        if self.events is not None:
+            self.events.finish()
         if self.membership is not None:
             self.membership.stop()
         distributed.leave(self.ranks)
