@@ -9,8 +9,12 @@ judged, one in fifty rejected and slashed), 20 checkpoints that each reached eve
 member, and 100 steps of trainer metrics. One orchestrator process serves it on
 loopback; this process loads the page as a browser does (the HTML, its script and
 style, then the JSON it polls, on one keep-alive connection) `--loads` times, and
-`/v1/status` alone as many times, side by side. Printed: median and spread (min–max)
-of each, the ratio of the page load to the status alone, and the JSON's size.
+`/v1/status` alone as many times, side by side. Then headless Chromium (where one is on
+PATH) loads the page `--loads` times with its cache off, driven over the DevTools
+protocol: each load's time from the navigation's start to the first complete draw with
+the data (the `swarmrl:first-draw` performance mark dashboard.js sets), so the browser's
+parsing, script and layout count too. Printed: median and spread (min–max) of each, the
+ratio of the page load to the status alone, and the JSON's size.
 
 Target (issue 23): the page loads in under 1 s with 1,000 members.
 """
@@ -18,7 +22,11 @@ Target (issue 23): the page loads in under 1 s with 1,000 members.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import random
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -26,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import aiohttp
 import httpx
 
 from swarmrl.identity import Identity
@@ -222,6 +231,97 @@ def serve(ledger_url: str, scratch: Path) -> tuple[subprocess.Popen, str]:
     return proc, line.split()[-1]
 
 
+FIRST_DRAW = "swarmrl:first-draw"  # the mark dashboard.js sets at its first complete draw
+MARK_JS = f"(performance.getEntriesByName('{FIRST_DRAW}')[0] || {{startTime: -1}}).startTime"
+
+
+async def _browser_loads(ws_url: str, page_url: str, loads: int) -> list[float]:
+    """Navigate one tab to the page `loads` times over the DevTools protocol; each time,
+    the first draw's mark: milliseconds from the navigation's start to the page drawn
+    with its data (HTML, script, style, the JSON, parsed and rendered)."""
+    out = []
+    async with aiohttp.ClientSession() as http, http.ws_connect(ws_url, max_msg_size=0) as ws:
+        ids = iter(range(1, 1 << 30))
+
+        async def call(method: str, **params):
+            n = next(ids)
+            await ws.send_json({"id": n, "method": method, "params": params})
+            while True:
+                msg = json.loads((await ws.receive(timeout=60)).data)
+                if msg.get("id") == n:
+                    if "error" in msg:
+                        raise RuntimeError(f"{method}: {msg['error']}")
+                    return msg.get("result", {})
+
+        await call("Page.enable")
+        await call("Network.enable")
+        await call("Network.setCacheDisabled", cacheDisabled=True)  # every load a first visit
+        for _ in range(loads):
+            await call("Page.navigate", url="about:blank")
+            await call("Page.navigate", url=page_url)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                got = await call("Runtime.evaluate", expression=MARK_JS, returnByValue=True)
+                value = got.get("result", {}).get("value", -1)
+                if isinstance(value, int | float) and value >= 0:
+                    out.append(value / 1000)
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise RuntimeError("the page was not drawn within 60 s")
+    return out
+
+
+def browser_loads(page_url: str, loads: int) -> list[float] | str:
+    """Headless Chromium's page loads in seconds, or why they could not be measured."""
+    browser = next(
+        (p for n in ("chromium", "chromium-browser", "google-chrome") if (p := shutil.which(n))),
+        None,
+    )
+    if browser is None:
+        return "no chromium on PATH (apt-get install chromium)"
+    with tempfile.TemporaryDirectory(prefix="bench-dashboard-browser-") as profile:
+        proc = subprocess.Popen(
+            [
+                browser,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                "--remote-debugging-port=0",
+                f"--user-data-dir={profile}",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stderr is not None
+            port = None
+            deadline = time.monotonic() + 30
+            while port is None and time.monotonic() < deadline:
+                line = proc.stderr.readline()
+                if not line:
+                    break
+                if found := re.search(r"DevTools listening on ws://[^:]+:(\d+)/", line):
+                    port = int(found.group(1))
+            if port is None:
+                return "chromium did not open its DevTools port"
+            targets = httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=10).json()
+            page = next(t for t in targets if t.get("type") == "page")
+            return asyncio.run(_browser_loads(page["webSocketDebuggerUrl"], page_url, loads))
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
 def spread(values: list[float]) -> str:
     return (
         f"median {statistics.median(values) * 1000:7.1f} ms  "
@@ -267,18 +367,27 @@ def main() -> int:
                     t = time.perf_counter()
                     http.get("/v1/status").raise_for_status()
                     statuses.append(time.perf_counter() - t)
+            drawn = browser_loads(f"{url}/dashboard", args.loads)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
     members = len(data.json()["status"]["members"])
     print(f"page load (HTML, script, style, /v1/dashboard): {spread(pages)}")
     print(f"/v1/status alone:                               {spread(statuses)}")
+    if isinstance(drawn, str):
+        print(f"in a browser: not measured, {drawn}")
+    else:
+        print(f"in headless Chromium, navigation to first draw: {spread(drawn)}")
     print(
         f"ratio page load / status: {statistics.median(pages) / statistics.median(statuses):.2f}; "
         f"/v1/dashboard {size / 1e6:.2f} MB for {members} members"
     )
-    target = statistics.median(pages) < 1.0
-    print(f"target (median page load under 1 s): {'met' if target else 'NOT met'}")
+    shown = drawn if not isinstance(drawn, str) else pages
+    target = statistics.median(shown) < 1.0
+    print(
+        f"target (median page load under 1 s, {'in the browser' if shown is drawn else 'HTTP only'}):"
+        f" {'met' if target else 'NOT met'}"
+    )
     return 0
 
 
