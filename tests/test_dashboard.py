@@ -178,6 +178,9 @@ def test_the_dashboard_agrees_with_the_ledger(tmp_path):
         pool.trainer.announce_checkpoint(1, "cd" * 32)
         honest.heartbeat(1)
         pool.trainer.report_metrics(report(0))
+        # A SHARDCAST server reports what it served; a beat without the figure keeps it.
+        pool.trainer.heartbeat(None, bytes_served=4_270_000)
+        pool.trainer.heartbeat(None)
 
         d = dashboard(pool)
         assert d["status"] == json.loads(pool.trainer.status().model_dump_json())
@@ -192,8 +195,10 @@ def test_the_dashboard_agrees_with_the_ledger(tmp_path):
             "samples": files[honest.address].num_samples,
             "samples_per_second": None,
             "holds": 1,
+            "bytes_served": None,
         }
         assert (mine[cheat.address]["rejected"], mine[cheat.address]["holds"]) == (1, 0)
+        assert mine[pool.trainer.address]["bytes_served"] == 4_270_000
         assert d["by_check"] == {"toploc": 1}
         assert d["verdicts"] == [
             {"step": 0, "outcome": "accepted", "check": None, "files": 1},

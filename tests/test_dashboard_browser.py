@@ -158,6 +158,7 @@ def test_the_dashboard_shows_the_pool_as_the_api_and_ledger_do(two_cheaters_run,
             ).fetchall()
         )
         metrics_steps = [s for (s,) in db.execute("SELECT step FROM training_metrics")]
+        served = dict(db.execute("SELECT address, bytes_served FROM heartbeats").fetchall())
     proc, url = orchestrator_process(
         tmp_path,
         "--config",
@@ -219,6 +220,17 @@ def test_the_dashboard_shows_the_pool_as_the_api_and_ledger_do(two_cheaters_run,
         if m["role"] == "worker":
             assert row["uploaded"] == str(activity[m["address"]]["uploaded"])
     assert members[relay]["url"] == HOSTILE_URL  # shown as the text it is
+    # What each SHARDCAST server reported serving: the origin (the trainer's row) served
+    # at least the relay's mirror of checkpoint 0; no worker reports a figure.
+    for address, row in members.items():
+        reported = served.get(address)
+        if reported is None:
+            assert row["served"] == "–", address
+        else:
+            assert number(row["served"]) == pytest.approx(reported / 1e6, rel=1e-4), address
+    (trainer,) = [a for a, role in roles.items() if role == "trainer"]
+    assert served[trainer] > 0
+    assert all(served.get(a) is None for a, role in roles.items() if role == "worker")
 
     # Trust: both cheaters slashed, with the check the reason names and the stake taken.
     slashings = page.rows["slashing-table"]

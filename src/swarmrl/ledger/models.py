@@ -83,6 +83,9 @@ class Heartbeat(Base):
     last_at: Mapped[float] = mapped_column(Float)
     beats: Mapped[int] = mapped_column(Integer, default=0)
     policy_step: Mapped[int | None] = mapped_column(Integer)
+    # A SHARDCAST server's (a relay's, the trainer's origin's) own count of the bytes it
+    # has served since it started: a claim, shown on the dashboard as reported.
+    bytes_served: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class Nonce(Base):

@@ -61,6 +61,9 @@ class MemberActivity(BaseModel):
     samples: int = Field(0, description="samples uploaded")
     samples_per_second: float | None = Field(None, description="between its first and last upload")
     holds: int | None = Field(None, description="the newest checkpoint its heartbeat says it holds")
+    bytes_served: int | None = Field(
+        None, description="a SHARDCAST server's bytes served, as its heartbeat reports them"
+    )
 
 
 class VerdictCount(BaseModel):
@@ -160,9 +163,9 @@ def member_activity(s: Session) -> list[MemberActivity]:
     """Every member's files by state (a trained file counts as uploaded and trained, and
     keeps its verdict's state), its upload rate and its held checkpoint."""
     rows: dict[str, dict] = {
-        address: {"address": address, "holds": held}
-        for address, held in s.execute(
-            select(Member.address, Heartbeat.policy_step)
+        address: {"address": address, "holds": held, "bytes_served": served}
+        for address, held, served in s.execute(
+            select(Member.address, Heartbeat.policy_step, Heartbeat.bytes_served)
             .outerjoin(Heartbeat, Heartbeat.address == Member.address)
             .order_by(Member.address)
         )

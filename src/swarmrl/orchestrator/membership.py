@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import cast
 
-from sqlalchemy import Connection, bindparam, delete, insert, select, update
+from sqlalchemy import Connection, bindparam, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -47,7 +47,13 @@ _WORKER = select(Member.role, Member.status, Member.ejected_at, Member.soft_inva
 _BEAT = (
     update(Heartbeat)
     .where(Heartbeat.address == bindparam("who"))
-    .values(last_at=bindparam("now"), beats=Heartbeat.beats + 1, policy_step=bindparam("held"))
+    .values(
+        last_at=bindparam("now"),
+        beats=Heartbeat.beats + 1,
+        policy_step=bindparam("held"),
+        # A beat without the figure keeps the last one reported.
+        bytes_served=func.coalesce(bindparam("served"), Heartbeat.bytes_served),
+    )
 )
 
 
@@ -225,7 +231,9 @@ def lock_stake(s: Session, address: str, stake: float, now: float) -> None:
 # -- heartbeats and health ------------------------------------------------------------
 
 
-def beat(s: Session, address: str, policy_step: int | None, now: float) -> bool:
+def beat(
+    s: Session, address: str, policy_step: int | None, now: float, served: int | None = None
+) -> bool:
     """Record a heartbeat by two single-row prebuilt statements (the hottest path: every
     member, every few seconds); True when the member came back to health."""
     c = s.connection()
@@ -233,7 +241,7 @@ def beat(s: Session, address: str, policy_step: int | None, now: float) -> bool:
     status, ejected_at, held_before = row if row is not None else (None, None, None)
     if status is None or status == "dead" or ejected_at is not None:
         member(s, address, api.ROLES)  # raises the precise refusal
-    c.execute(_BEAT, {"who": address, "now": now, "held": policy_step})
+    c.execute(_BEAT, {"who": address, "now": now, "held": policy_step, "served": served})
     # A checkpoint newly held: when it got here (the dashboard's broadcast spread). Once
     # per member and checkpoint, so the hot path writes it rarely.
     if (

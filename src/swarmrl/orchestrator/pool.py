@@ -164,7 +164,7 @@ class Pool:
         (rebuilt whenever what it shows may have changed)."""
         now = self.clock()
         with self.signed_act(caller) as s:
-            if membership.beat(s, caller.address, req.policy_step, now):
+            if membership.beat(s, caller.address, req.policy_step, now, req.bytes_served):
                 self._view = None  # a relay back to health changes the relay list
             if self._view is None:
                 self._view = membership.pool_view(s, self.config)

@@ -228,8 +228,11 @@ class PoolClient:
         r = self._send("GET", "/v1/recipe")
         return api.Recipe.model_validate_json(r.content)
 
-    def heartbeat(self, policy_step: int | None = None) -> api.HeartbeatResponse:
-        r = self._send("POST", "/v1/heartbeat", body=api.HeartbeatRequest(policy_step=policy_step))
+    def heartbeat(
+        self, policy_step: int | None = None, bytes_served: int | None = None
+    ) -> api.HeartbeatResponse:
+        body = api.HeartbeatRequest(policy_step=policy_step, bytes_served=bytes_served)
+        r = self._send("POST", "/v1/heartbeat", body=body)
         return api.HeartbeatResponse.model_validate_json(r.content)
 
     def status(self) -> api.PoolStatus:

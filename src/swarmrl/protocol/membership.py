@@ -54,7 +54,8 @@ def ejected(exc: Exception) -> bool:
 class Membership:
     """Registration and the heartbeat thread of one member; `view()` is the newest answer.
 
-    `policy_step()` is read before each heartbeat (the newest checkpoint the member holds);
+    `policy_step()` is read before each heartbeat (the newest checkpoint the member holds),
+    and `bytes_served()` (a SHARDCAST server's count of what it served, or None);
     `busy()` says whether it holds work (then it beats `HOLDING_BEATS` times per interval;
     call `nudge()` when that changes). It has its own HTTP client, so callers may use
     theirs from other threads meanwhile.
@@ -68,6 +69,7 @@ class Membership:
         *,
         member_url: str | None = None,
         policy_step: Callable[[], int | None] = lambda: None,
+        bytes_served: Callable[[], int | None] = lambda: None,
         busy: Callable[[], bool] = lambda: False,
         recipe: api.Recipe | None = None,
         retry_base: float = 0.5,
@@ -77,6 +79,7 @@ class Membership:
         self.role = role
         self.member_url = member_url
         self.policy_step = policy_step
+        self.bytes_served = bytes_served
         self.busy = busy
         self.recipe = recipe  # sent with each registration: a mismatch is refused
         self.retry_base = retry_base
@@ -118,14 +121,14 @@ class Membership:
         """One heartbeat now; a member declared dead registers again first."""
         with self._lock:
             try:
-                view = self.client.heartbeat(self.policy_step())
+                view = self.client.heartbeat(self.policy_step(), self.bytes_served())
             except PoolRefused as exc:
                 # Declared dead after missed heartbeats, or a ledger that never knew it.
                 if exc.code not in ("dead", "not_registered"):
                     raise
                 log.warning("%s; registering again", exc.detail)
                 self._register_locked()
-                view = self.client.heartbeat(self.policy_step())
+                view = self.client.heartbeat(self.policy_step(), self.bytes_served())
             self._view = view
             self._failures = 0
             self._last_beat = time.monotonic()

@@ -109,6 +109,12 @@ class HeartbeatRequest(_Request):
     policy_step: int | None = Field(
         None, ge=0, le=10**9, description="newest checkpoint step the member holds"
     )
+    bytes_served: int | None = Field(
+        None,
+        ge=0,
+        le=2**62,
+        description="a SHARDCAST server (relay, the trainer's origin): bytes it has served since it started",
+    )
 
 
 class CheckpointInfo(BaseModel):

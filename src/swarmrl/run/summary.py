@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -213,14 +212,6 @@ def proof_figures(workers: Path) -> dict[str, float | None]:
         "proof_share_of_generation": round(proofs / gen, 4) if gen else None,
         "proof_wait_share_of_generation": round(waited / gen, 4) if gen else None,
     }
-
-
-def server_bytes(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(f"{url}/stats.json", timeout=5) as response:
-            return json.loads(response.read())["bytes_served"]
-    except (OSError, ValueError, KeyError):
-        return None
 
 
 def accounts_table(accounts: dict[str, WorkerAccount]) -> Table:

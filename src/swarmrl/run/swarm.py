@@ -62,10 +62,10 @@ from swarmrl.run.summary import (
     cheaters_summary,
     ledger_figures,
     proof_figures,
-    server_bytes,
     worker_accounts,
 )
 from swarmrl.run.watch import SlashingWatch, supervise, wait_for_orchestrator
+from swarmrl.shardcast.client import server_bytes
 from swarmrl.supervisor import Supervisor
 from swarmrl.tasks.registry import build_task
 from swarmrl.trainer.metrics import read_metrics

@@ -101,6 +101,7 @@ def run_relay(args: argparse.Namespace) -> int:
             member_url=args.public_url or server.url,
             # The newest version it serves: the dashboard shows how far each checkpoint got.
             policy_step=lambda: max(relay.store.listed(), default=None),
+            bytes_served=lambda: server.stats.as_dict()["bytes_served"],
         )
         if identity is not None
         else None

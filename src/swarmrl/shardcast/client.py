@@ -271,3 +271,15 @@ def _progress_bar(
     source: VersionSource, done: set[int], enabled: bool
 ) -> _NoProgress | _RichProgress:
     return _RichProgress(source, done) if enabled else _NoProgress()
+
+
+def server_bytes(url: str, timeout: float = 5.0) -> int | None:
+    """What a SHARDCAST server of ours says it has served (`/stats.json`), or None where
+    it does not answer so (a reference server has no such page)."""
+    import httpx
+
+    try:
+        value = httpx.get(f"{url.rstrip('/')}/stats.json", timeout=timeout).json()["bytes_served"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

@@ -53,6 +53,7 @@ from swarmrl.config import RunConfig, TrainerConfig
 from swarmrl.protocol import PoolClient, PoolRefused, recipe
 from swarmrl.protocol.membership import Membership
 from swarmrl.rollouts import RolloutBounds
+from swarmrl.shardcast.client import server_bytes
 from swarmrl.tasks.registry import build_task
 from swarmrl.trainer import distributed
 from swarmrl.trainer.batches import Sample
@@ -193,6 +194,10 @@ class Trainer:
                 "trainer",
                 member_url=origin_url,
                 policy_step=lambda: self.step,
+                # What its origin served (that server's own page, at the URL it registered).
+                bytes_served=(lambda: server_bytes(origin_url, timeout=1.0))
+                if origin_url
+                else lambda: None,
                 recipe=recipe.of_run(cfg, "trainer"),
             )
             self.membership.start()

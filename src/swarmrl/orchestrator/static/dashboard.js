@@ -200,6 +200,7 @@ function render(d) {
     cell(tr, a.trained, "trained");
     cell(tr, a.samples_per_second, "rate");
     cell(tr, a.holds, "holds");
+    cell(tr, a.bytes_served == null ? null : a.bytes_served / 1e6, "served");
     cell(tr, m.url || "", "url", "wrap");
   });
 
