@@ -206,6 +206,11 @@ def test_the_dashboard_shows_the_pool_as_the_api_and_ledger_do(two_cheaters_run,
     assert sorted(metrics_steps) == list(range(status["recipe"]["steps"]))
     assert [c["step"] for c in board["curves"]] == sorted(metrics_steps)
     assert shown.stdout.count('data-curve="') == 7
+    # Held-out accuracy where evaluated: the final checkpoint's, on the last step.
+    summary = json.loads(run.summary.read_text())
+    assert [c["heldout_accuracy"] for c in board["curves"]] == [None] * (len(metrics_steps) - 1) + [
+        pytest.approx(summary["accuracy_after"])
+    ]
 
     # Members: every one, with the API's role, health, stake and balance; files as the ledger.
     members = page.rows["member-table"]

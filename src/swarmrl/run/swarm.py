@@ -39,6 +39,7 @@ import os
 import signal
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 
 from rich.console import Console
@@ -48,6 +49,7 @@ from swarmrl.config import RunConfig
 from swarmrl.display import StepDisplay, counted
 from swarmrl.evaluation import evaluate
 from swarmrl.identity import load_identity
+from swarmrl.protocol import PoolClient, PoolRefused, PoolUnreachable
 from swarmrl.protocol.funding import fund_workers, owner_key
 from swarmrl.run.launch import (
     free_port,
@@ -68,7 +70,7 @@ from swarmrl.run.watch import SlashingWatch, supervise, wait_for_orchestrator
 from swarmrl.shardcast.client import server_bytes
 from swarmrl.supervisor import Supervisor
 from swarmrl.tasks.registry import build_task
-from swarmrl.trainer.metrics import read_metrics
+from swarmrl.trainer.metrics import dashboard_report, read_metrics
 from swarmrl.trainer.sinks import open_mlflow
 from swarmrl.validator.service import verdict_counts
 
@@ -216,19 +218,21 @@ def _run(
             supervise(cfg, sup, display, url, watch)
         watch.poll(force=True)
         served = {name: server_bytes(u) for name, u in server_urls.items()}
+        # Evaluated while the orchestrator is still up, so its dashboard shows the result.
+        final_step = latest_checkpoint(folder.checkpoints)
+        after = None
+        if cfg.eval_after and final_step is not None:
+            with counted(
+                console, f"evaluating checkpoint {final_step}", len(task.eval_problems())
+            ) as advance:
+                after = evaluate(
+                    checkpoint_dir(folder.checkpoints, final_step), task, cfg, EVAL_BATCH, advance
+                )
+            report_heldout(url, keys["trainer"], folder.metrics, after.accuracy, console)
     finally:
         sup.stop()
         origin_server.stop()
 
-    final_step = latest_checkpoint(folder.checkpoints)
-    after = None
-    if cfg.eval_after and final_step is not None:
-        with counted(
-            console, f"evaluating checkpoint {final_step}", len(task.eval_problems())
-        ) as advance:
-            after = evaluate(
-                checkpoint_dir(folder.checkpoints, final_step), task, cfg, EVAL_BATCH, advance
-            )
     records = read_metrics(folder.metrics)
     pool = ledger_figures(folder)
     samples_read = sum(r.samples_read for r in records)
@@ -281,3 +285,18 @@ def _run(
         tracked.finish()
         console.print(f"summary logged to MLflow run {tracked.run_id}")
     return summary
+
+
+def report_heldout(
+    url: str, trainer_key: Path, metrics: Path, accuracy: float, console: Console
+) -> None:
+    """Put the final checkpoint's held-out accuracy on the dashboard: the last trained
+    step's report again, with it (signed as the trainer, whose route it is)."""
+    records = read_metrics(metrics)
+    if not records:
+        return
+    report = dashboard_report(records[-1]).model_copy(update={"heldout_accuracy": accuracy})
+    try:
+        PoolClient(url, load_identity(trainer_key)).report_metrics(report)
+    except (PoolRefused, PoolUnreachable) as exc:
+        console.print(f"the held-out accuracy did not reach the dashboard: {exc}")
