@@ -182,7 +182,7 @@ def test_the_dashboard_shows_the_pool_as_the_api_and_ledger_do(two_cheaters_run,
             browser,
             tmp_path / "profile-shot",
             "--hide-scrollbars",
-            "--window-size=1280,2000",
+            "--window-size=1440,2000",
             f"--screenshot={shot}",
             f"{url}/dashboard",
         )
