@@ -19,7 +19,7 @@ def test_defaults_toml_and_flags(tmp_path):
     assert cfg.run_name == "x" and cfg.async_level == 1
     assert cfg.trainer.lr == 0.01 and cfg.trainer.steps == 5
     assert cfg.task.target_lengths == [10, 20]
-    assert load_config().sampling.temperature == 0.6
+    assert load_config().sampling.temperature == 1.0
 
 
 @pytest.mark.parametrize(

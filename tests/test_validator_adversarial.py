@@ -40,6 +40,7 @@ from swarmrl.toploc import build_proofs, encode_proof, proofs_to_bytes
 from swarmrl.validator import cli as validator_cli
 from swarmrl.validator import validate_file, validate_rollouts
 from swarmrl.validator.prefill import recompute
+from swarmrl.validator.settings import ValidatorSettings
 
 ADDRESS = "0xworker"
 STEP = 0
@@ -318,11 +319,17 @@ def test_early_stop_on_low_probability_eos(swarm, honest):
         top_p=1.0,
         eos_id=swarm.tok.eos_token_id,
     )
-    victim, cut = next(
-        (i, int(np.flatnonzero(st.eos_probs[5:-1] < 0.01)[0]) + 5)
-        for i, st in enumerate(stats)
-        if (st.eos_probs[5:-1] < 0.01).any()
+    # The least probable EOS anywhere inside a sample (from its 6th token): the worker
+    # stops there, where the claimed model would almost surely have gone on.
+    victim, cut = min(
+        (
+            (i, int(np.argmin(st.eos_probs[5:-1])) + 5)
+            for i, st in enumerate(stats)
+            if len(st.eos_probs) > 6
+        ),
+        key=lambda at: stats[at[0]].eos_probs[at[1]],
     )
+    assert stats[victim].eos_probs[cut] < ValidatorSettings().min_eos_prob / 2
     cols["output_tokens"][victim] = [*cols["output_tokens"][victim][:cut], swarm.tok.eos_token_id]
     cols = rescore(swarm, prove_by_prefill(swarm, cols))
     verdict = judge(swarm, write(swarm, 0, cols, "early.parquet"))
