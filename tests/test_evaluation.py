@@ -37,3 +37,18 @@ def test_without_length_targets_the_length_error_is_none(warm_model_dir):
     result = evaluate(warm_model_dir, build_task(cfg.task), cfg)
     assert result.length_error is None
     assert json.loads(result.model_dump_json())["length_error"] is None
+
+
+def test_the_evaluation_samples_at_eval_temperature_not_the_trainings(warm_model_dir):
+    """The yardstick stays put when the recipe's sampling temperature changes."""
+    base = ["eval", "--model", str(warm_model_dir), "--task.eval_size", "16"]
+    base += ["--sampling.max_new_tokens", "24"]
+
+    def run(*flags: str) -> Evaluation:
+        cfg = config_from_args(build_parser().parse_args(base + list(flags)))
+        return evaluate(warm_model_dir, build_task(cfg.task), cfg)
+
+    assert config_from_args(build_parser().parse_args(base)).eval_temperature == 0.6
+    at_default = run()
+    assert run("--sampling.temperature", "1.7") == at_default
+    assert run("--eval_temperature", "1.7") != at_default

@@ -1,8 +1,8 @@
 """Held-out evaluation: pass@1 and length error of a checkpoint on the task's eval split.
 
-One sample per held-out problem at the training temperature, with fixed per-problem
-seeds and a fixed per-problem target length, so two checkpoints are compared on exactly
-the same prompts and randomness.
+One sample per held-out problem at `eval_temperature` (0.6 by default, whatever the
+training samples at), with fixed per-problem seeds and a fixed per-problem target
+length, so two checkpoints are compared on exactly the same prompts and randomness.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def evaluate(
     problems = task.eval_problems()
     targets = cfg.task.target_lengths
     params = SamplingParams(
-        temperature=cfg.sampling.temperature,
+        temperature=cfg.eval_temperature,
         max_new_tokens=cfg.sampling.max_new_tokens,
         eos_token_id=tok.eos_token_id,
         top_p=cfg.sampling.top_p,

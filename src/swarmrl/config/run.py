@@ -44,6 +44,11 @@ class RunConfig(_Section):
     eval_after: bool = Field(
         True, description="evaluate the final checkpoint on the held-out split"
     )
+    eval_temperature: float = Field(
+        0.6,
+        gt=0,
+        description="sampling temperature of the held-out evaluation (pass@1), apart from the training's sampling.temperature so that the yardstick stays put when the recipe changes (0.6: the paper's)",
+    )
     model: ModelConfig = Field(default_factory=ModelConfig, description="starting model")
     task: TaskConfig = Field(default_factory=TaskConfig, description="task and reward")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="sampling")
