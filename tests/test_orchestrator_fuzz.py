@@ -84,6 +84,7 @@ ENDPOINTS = [
         {"role": "trainer", "recipe": {"run_id": "test", "steps": 3, "batch_samples": 8}},
     ),
     ("POST", "/v1/heartbeat", "worker", {"policy_step": 0}),
+    ("POST", "/v1/heartbeat", "trainer", {"policy_step": 0, "bytes_served": 4_270_080}),
     ("POST", "/v1/assignments", "worker", {"policy_step": 0}),
     ("POST", "/v1/submissions/trained", "trainer", {"step": 0, "file_hashes": ["0" * 64]}),
     ("POST", "/v1/checkpoints", "trainer", {"step": 0, "blake3": "ab" * 32}),

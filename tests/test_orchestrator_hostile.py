@@ -220,6 +220,25 @@ def test_request_models_are_strict(server, body):
     )
 
 
+@pytest.mark.parametrize(
+    "value",
+    [b"-1", b"4611686018427387905", b"1" + b"0" * 400, b"true", b'"5"', b"5.0", b"[5]"],
+    ids=["negative", "over-2^62", "400-digits", "bool", "string", "float", "list"],
+)
+def test_a_reported_bytes_served_out_of_bounds_is_refused(server, value):
+    """The SHARDCAST servers' bytes served ride on heartbeats: bounded, strict, refused in
+    one line by the real process, which stays up."""
+    proc, url, worker, *_ = server
+    body = b'{"policy_step": 0, "bytes_served": ' + value + b"}"
+    headers = sign_request(
+        worker.identity, "POST", "/v1/heartbeat", body_digest(body), pool=pool_id(url)
+    )
+    r = httpx.post(url + "/v1/heartbeat", content=body, headers=headers | JSON, timeout=30)
+    assert r.status_code == 422, r.text
+    assert "bytes_served" in r.json()["detail"]
+    assert proc.poll() is None
+
+
 # -- hole 3: signatures bound to the pool ------------------------------------------------
 
 
