@@ -35,6 +35,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
+import httpx
+
 from swarmrl.shardcast.assembly import download_file
 from swarmrl.shardcast.delta import DeltaError
 from swarmrl.shardcast.discovery import (
@@ -276,8 +278,6 @@ def _progress_bar(
 def server_bytes(url: str, timeout: float = 5.0) -> int | None:
     """What a SHARDCAST server of ours says it has served (`/stats.json`), or None where
     it does not answer so (a reference server has no such page)."""
-    import httpx
-
     try:
         value = httpx.get(f"{url.rstrip('/')}/stats.json", timeout=timeout).json()["bytes_served"]
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
