@@ -127,7 +127,7 @@ class PoolDriver:
             unwell = set(c.execute(_UNWELL).scalars())
             late = [a for a in beats if a in unwell]
             rows = [
-                {"who": a, "now": now, "held": policy}
+                {"who": a, "now": now, "held": policy, "served": None}
                 for a, policy in beats.items()
                 if a not in unwell
             ]
