@@ -35,8 +35,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
-import httpx
-
 from swarmrl.shardcast.assembly import download_file
 from swarmrl.shardcast.delta import DeltaError
 from swarmrl.shardcast.discovery import (
@@ -278,6 +276,8 @@ def _progress_bar(
 def server_bytes(url: str, timeout: float = 5.0) -> int | None:
     """What a SHARDCAST server of ours says it has served (`/stats.json`), or None where
     it does not answer so (a reference server has no such page)."""
+    import httpx  # here, not with the module: the CLI's parser must not load it (test_cli_imports)
+
     try:
         value = httpx.get(f"{url.rstrip('/')}/stats.json", timeout=timeout).json()["bytes_served"]
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
