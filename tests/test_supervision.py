@@ -513,8 +513,12 @@ def _wait_for(what: str, ready, run: subprocess.Popen, timeout: float = 300) -> 
 # for a few of the ten steps: measured 2026-12-02 at ec9af1e, two runs, task reward
 # +14 and +34 points, the whole reward (what the run optimizes) +0.32 and +0.90. So
 # the rise is taken on the whole reward.
+# Since the default samples at T = 1.0 (2026-12-05) the first ten steps learn more slowly
+# and steadily: in ten uninterrupted default runs (bench_learning, seeds 0-4 twice) the
+# whole reward rose by +0.14 to +0.64 over the first ten steps (median +0.34), in the
+# chaos run of a clean-clone CI by +0.16; a run broken by a restart does not rise at all.
 CHAOS_STEPS = 10
-CHAOS_MIN_RISE = 0.2
+CHAOS_MIN_RISE = 0.1
 CHAOS_MIN_HELD_OUT_GAIN = -0.1
 CHAOS_KILLS = ("worker-0", "relay-0", "validator", "orchestrator", "trainer")
 
