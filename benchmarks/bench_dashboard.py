@@ -24,9 +24,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -280,7 +282,10 @@ def browser_loads(page_url: str, loads: int) -> list[float] | str:
     )
     if browser is None:
         return "no chromium on PATH (apt-get install chromium)"
-    with tempfile.TemporaryDirectory(prefix="bench-dashboard-browser-") as profile:
+    # Chromium's helper processes may still be writing the profile as it exits.
+    with tempfile.TemporaryDirectory(
+        prefix="bench-dashboard-browser-", ignore_cleanup_errors=True
+    ) as profile:
         proc = subprocess.Popen(
             [
                 browser,
@@ -298,6 +303,7 @@ def browser_loads(page_url: str, loads: int) -> list[float] | str:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=True,
         )
         try:
             assert proc.stderr is not None
@@ -315,11 +321,12 @@ def browser_loads(page_url: str, loads: int) -> list[float] | str:
             page = next(t for t in targets if t.get("type") == "page")
             return asyncio.run(_browser_loads(page["webSocketDebuggerUrl"], page_url, loads))
         finally:
-            proc.terminate()
+            os.killpg(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 def spread(values: list[float]) -> str:

@@ -23,9 +23,16 @@ function fmt(x) {
   return String(Number(x.toPrecision(5)));
 }
 
+// A rate or a pace: three significant digits are all a reader can use.
+function rough(x) {
+  if (x === null || x === undefined || Number.isNaN(x)) return "–";
+  return String(Number(x.toPrecision(3)));
+}
+
 function ago(now, t) {
   if (t === null || t === undefined) return "never";
-  return fmt(Math.max(0, now - t)) + " s ago";
+  const s = Math.max(0, now - t);
+  return (s < 10 ? s.toFixed(1) : String(Math.round(s))) + " s ago";
 }
 
 function duration(seconds) {
@@ -157,7 +164,7 @@ function render(d) {
   set("updated", "updated " + new Date(d.now * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC");
   set("run-step", run.step === null ? "–" : fmt(run.step) + (run.steps_total ? " / " + run.steps_total : ""));
   set("run-state", st.finished ? "finished" : run.step === null ? "waiting for the trainer" : "training");
-  set("run-pace", fmt(run.steps_per_minute));
+  set("run-pace", rough(run.steps_per_minute));
   set("run-eta", st.finished ? "done" : duration(run.eta_seconds));
   set("run-needed", fmt(run.needed));
   set("run-issued", fmt(run.issued));
@@ -198,7 +205,7 @@ function render(d) {
     cell(tr, a.accepted, "accepted");
     cell(tr, a.rejected, "rejected");
     cell(tr, a.trained, "trained");
-    cell(tr, a.samples_per_second, "rate");
+    cell(tr, a.samples_per_second == null ? null : rough(a.samples_per_second), "rate");
     cell(tr, a.holds, "holds");
     cell(tr, a.bytes_served == null ? null : a.bytes_served / 1e6, "served");
     cell(tr, m.url || "", "url", "wrap");
