@@ -11,6 +11,7 @@ running engine must change what it samples, to what the native loop samples from
 from __future__ import annotations
 
 import copy
+import os
 
 import numpy as np
 import pytest
@@ -27,6 +28,8 @@ from swarmrl.validator.sampling import replay
 from swarmrl.validator.settings import ValidatorSettings
 
 MISSING = vllm_available()
+if MISSING is not None and os.environ.get("SWARMRL_VLLM_REQUIRED"):
+    raise RuntimeError(f"SWARMRL_VLLM_REQUIRED is set, but {MISSING}")
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
