@@ -637,9 +637,10 @@ def test_lapsed_assignment_is_reissued_and_counted(tmp_path):
 
 @pytest.mark.slow
 def test_dead_worker_assignments_are_reissued(tmp_path):
-    # Dead after 6 missed half-second beats: the survivor, beating every ~0.1 s, has
-    # seconds of slack even on a loaded machine.
-    p = make_pool(tmp_path, async_level=0, heartbeat_seconds=0.5, unhealthy_after=2, dead_after=6)
+    # Dead after 6 missed half-second beats: the survivor, beating every ~0.1 s and once
+    # more just before the status is read, has 2 s (4 beats) before it would count as
+    # unhealthy: slack for a loaded machine (a 1 s margin once failed a CI run).
+    p = make_pool(tmp_path, async_level=0, heartbeat_seconds=0.5, unhealthy_after=4, dead_after=6)
     p.trainer.announce_checkpoint(0, BLAKE)
     try:
         gone, alive = p.workers
@@ -649,6 +650,7 @@ def test_dead_worker_assignments_are_reissued(tmp_path):
             alive.heartbeat(0)
             p.trainer.heartbeat(0)
             time.sleep(0.1)
+        alive.heartbeat(0)
         status = PoolClient(p.url, None).status()
         member = {m.address: m for m in status.members}
         assert member[gone.address].status == "dead"
