@@ -151,6 +151,15 @@ def test_the_dashboard_shows_the_pool_as_the_api_and_ledger_do(two_cheaters_run,
             (step, address)
             for step, address in db.execute("SELECT step, address FROM checkpoint_arrivals")
         }
+        # Per member: seconds from the announcement of the checkpoint it holds to the first
+        # heartbeat that said so.
+        reached = dict(
+            db.execute(
+                "SELECT h.address, a.at - c.announced_at FROM heartbeats h "
+                "JOIN checkpoint_arrivals a ON a.address = h.address AND a.step = h.policy_step "
+                "JOIN checkpoints c ON c.step = h.policy_step"
+            ).fetchall()
+        )
         trained_files = dict(
             db.execute(
                 "SELECT worker, count(*) FROM submissions WHERE trained_step IS NOT NULL "
@@ -182,7 +191,7 @@ def test_the_dashboard_shows_the_pool_as_the_api_and_ledger_do(two_cheaters_run,
             browser,
             tmp_path / "profile-shot",
             "--hide-scrollbars",
-            "--window-size=1440,2000",
+            "--window-size=1680,2000",
             f"--screenshot={shot}",
             f"{url}/dashboard",
         )
@@ -233,6 +242,15 @@ def test_the_dashboard_shows_the_pool_as_the_api_and_ledger_do(two_cheaters_run,
             assert row["served"] == "–", address
         else:
             assert number(row["served"]) == pytest.approx(reported / 1e6, rel=1e-4), address
+    # How long the checkpoint each member holds took to reach it (3 significant digits).
+    for address, row in members.items():
+        if address in reached:
+            assert number(row["reached"]) == pytest.approx(
+                max(0.0, reached[address]), rel=5e-3, abs=1e-3
+            ), address
+        else:
+            assert row["reached"] == "–", address
+    assert any(row["reached"] != "–" for row in members.values())
     (trainer,) = [a for a, role in roles.items() if role == "trainer"]
     assert served[trainer] > 0
     assert all(served.get(a) is None for a, role in roles.items() if role == "worker")

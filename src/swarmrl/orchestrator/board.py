@@ -64,6 +64,10 @@ class MemberActivity(BaseModel):
     bytes_served: int | None = Field(
         None, description="a SHARDCAST server's bytes served, as its heartbeat reports them"
     )
+    reached_seconds: float | None = Field(
+        None,
+        description="seconds from the announcement of the checkpoint it holds to the first heartbeat that said it held it",
+    )
 
 
 class VerdictCount(BaseModel):
@@ -161,12 +165,32 @@ def curves(s: Session) -> list[CurvePoint]:
 
 def member_activity(s: Session) -> list[MemberActivity]:
     """Every member's files by state (a trained file counts as uploaded and trained, and
-    keeps its verdict's state), its upload rate and its held checkpoint."""
+    keeps its verdict's state), its upload rate, its held checkpoint and how long that
+    checkpoint took to reach it."""
     rows: dict[str, dict] = {
-        address: {"address": address, "holds": held, "bytes_served": served}
-        for address, held, served in s.execute(
-            select(Member.address, Heartbeat.policy_step, Heartbeat.bytes_served)
+        address: {
+            "address": address,
+            "holds": held,
+            "bytes_served": served,
+            "reached_seconds": None
+            if arrived is None or announced is None
+            else max(0.0, arrived - announced),
+        }
+        for address, held, served, arrived, announced in s.execute(
+            select(
+                Member.address,
+                Heartbeat.policy_step,
+                Heartbeat.bytes_served,
+                CheckpointArrival.at,
+                Checkpoint.announced_at,
+            )
             .outerjoin(Heartbeat, Heartbeat.address == Member.address)
+            .outerjoin(
+                CheckpointArrival,
+                (CheckpointArrival.address == Member.address)
+                & (CheckpointArrival.step == Heartbeat.policy_step),
+            )
+            .outerjoin(Checkpoint, Checkpoint.step == Heartbeat.policy_step)
             .order_by(Member.address)
         )
     }

@@ -207,6 +207,7 @@ function render(d) {
     cell(tr, a.trained, "trained");
     cell(tr, a.samples_per_second == null ? null : rough(a.samples_per_second), "rate");
     cell(tr, a.holds, "holds");
+    cell(tr, a.reached_seconds == null ? null : rough(a.reached_seconds), "reached");
     cell(tr, a.bytes_served == null ? null : a.bytes_served / 1e6, "served");
     cell(tr, m.url || "", "url", "wrap");
   });
