@@ -17,8 +17,9 @@ Each role is started as docs/deployment.md starts it by hand (`python -m swarmrl
 orchestrator|trainer|origin|relay|worker|validator` with the documented flags), each in
 its own folder, on the embedded default model, `--steps` steps, the run's defaults
 otherwise (eval off, `pool.stake = 0`: a closed pool). A configuration is a link rate
-(`open` = no cap, or mbit) and `full` (`shardcast.deltas = false`) or `delta` (the
-default). Configurations are interleaved: each repeat runs all of them once in turn.
+(`open` = no cap, or mbit) and `full` (`shardcast.deltas = false`), `delta` (the
+default) or `origin` (deltas, and workers fetch from the origin as well as the relay:
+`shardcast.workers_fetch_origin = true`). Configurations are interleaved: each repeat runs all of them once in turn.
 
 Figures per run (`wan_figures.py`), over the steady steps (step 0, whose wait is the
 roles starting, is left out): trainer idle = wait / step time summed (as `swarmrl run`'s
@@ -66,20 +67,23 @@ class Config:
     mbit: int | None
     deltas: bool
     src: Path  # the swarmrl source tree the roles run
+    origin: bool = False  # workers fetch from the origin too (shardcast.workers_fetch_origin)
 
 
 def parse_config(name: str, base_src: Path | None) -> Config:
     """RATE-MODE[@base]: `@base` runs the roles from `--base-src` (the code before a change)."""
     spec, at, variant = name.partition("@")
     rate, _, mode = spec.partition("-")
-    if mode not in ("full", "delta") or not (rate == "open" or rate.isdigit()):
+    if mode not in ("full", "delta", "origin") or not (rate == "open" or rate.isdigit()):
         raise SystemExit(
-            f"bench_wan: configuration {name!r}: want RATE-MODE, e.g. open-delta, 20-full"
+            f"bench_wan: configuration {name!r}: want RATE-MODE, e.g. open-delta, 20-full, 20-origin"
         )
     if at and (variant != "base" or base_src is None):
         raise SystemExit(f"bench_wan: configuration {name!r}: @base needs --base-src")
     src = base_src if at and base_src else ROOT / "src"
-    return Config(name, None if rate == "open" else int(rate), mode == "delta", src)
+    return Config(
+        name, None if rate == "open" else int(rate), mode != "full", src, origin=mode == "origin"
+    )
 
 
 class Processes:
@@ -144,7 +148,8 @@ def run_once(net: Network, cfg: Config, keys: dict, model: str, base: Path, args
         f'run_name = "wan"\noutput_dir = "{dirs["trainer"] / "outputs"}"\n'
         "eval_before = false\neval_after = false\n"
         f"[trainer]\nsteps = {args.steps}\n[shardcast]\ndeltas = {str(cfg.deltas).lower()}\n"
-        "[pool]\nstake = 0\n"
+        + ("workers_fetch_origin = true\n" if cfg.origin else "")
+        + "[pool]\nstake = 0\n"
     )
     orch = dirs["orch"]
     (orch / "allowlist").write_text(

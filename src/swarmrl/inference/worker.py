@@ -390,7 +390,8 @@ def run_worker(
             ):
                 try:
                     new_model, new_tok = source.load(
-                        view.checkpoint_servers(with_origin=False), announced
+                        view.checkpoint_servers(with_origin=cfg.shardcast.workers_fetch_origin),
+                        announced,
                     )
                     loaded_step = announced.step
                     held[loaded_step] = (behaviour.policy(new_model), new_tok)
