@@ -19,7 +19,8 @@ its own folder, on the embedded default model, `--steps` steps, the run's defaul
 otherwise (eval off, `pool.stake = 0`: a closed pool). A configuration is a link rate
 (`open` = no cap, or mbit) and `full` (`shardcast.deltas = false`), `delta` (the
 default) or `origin` (deltas, and workers fetch from the origin as well as the relay:
-`shardcast.workers_fetch_origin = true`). Configurations are interleaved: each repeat runs all of them once in turn.
+`shardcast.workers_fetch_origin = true`). Configurations are interleaved: each repeat
+runs all of them once in turn.
 
 Figures per run (`wan_figures.py`), over the steady steps (step 0, whose wait is the
 roles starting, is left out): trainer idle = wait / step time summed (as `swarmrl run`'s

@@ -65,3 +65,17 @@ def built_once(
             build(folder)
             (folder / ".built").touch()
     return folder
+
+
+def vllm_only() -> pytest.MarkDecorator:
+    """Skips a test where vLLM does not import (the main venv), with the reason; where
+    SWARMRL_VLLM_REQUIRED is set (`.ci/run`, in the vLLM venv) its absence is an error."""
+    from swarmrl.generation.vllm_engine import vllm_available
+
+    missing = vllm_available()
+    if missing is not None and os.environ.get("SWARMRL_VLLM_REQUIRED"):
+        raise RuntimeError(f"SWARMRL_VLLM_REQUIRED is set, but {missing}")
+    return pytest.mark.skipif(
+        missing is not None,
+        reason=f"{missing}; the vLLM tests run in the vLLM venv (`pip install -e .[vllm]`)",
+    )

@@ -11,32 +11,22 @@ running engine must change what it samples, to what the native loop samples from
 from __future__ import annotations
 
 import copy
-import os
 
 import numpy as np
 import pytest
 import torch
 
+from helpers import vllm_only
 from swarmrl.checkpoints import load_policy
 from swarmrl.generation.rollout import proof_column
 from swarmrl.generation.sampler import SamplingParams, sample
-from swarmrl.generation.vllm_engine import vllm_available
 from swarmrl.toploc import bytes_to_proofs
 from swarmrl.validator.checks import check_toploc
 from swarmrl.validator.prefill import recompute
 from swarmrl.validator.sampling import replay
 from swarmrl.validator.settings import ValidatorSettings
 
-MISSING = vllm_available()
-if MISSING is not None and os.environ.get("SWARMRL_VLLM_REQUIRED"):
-    raise RuntimeError(f"SWARMRL_VLLM_REQUIRED is set, but {MISSING}")
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        MISSING is not None,
-        reason=f"{MISSING}; the vLLM tests run in the vLLM venv (`pip install -e .[vllm]`)",
-    ),
-]
+pytestmark = [pytest.mark.slow, vllm_only()]
 
 PROMPTS = [[1, 5, 6, 77, 5, 85], [1, 7, 7, 77, 8, 85, 9], [1, 9, 77, 9, 85]]
 GROUP = 4

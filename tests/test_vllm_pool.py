@@ -11,7 +11,6 @@ rejected, slashed and ejected.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,22 +18,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from swarmrl.generation.vllm_engine import vllm_available
+from helpers import vllm_only
 from swarmrl.identity import load_identity
 from swarmrl.ledger import Ledger, check_ledger
 from swarmrl.ledger.models import Submission
 from swarmrl.runfolder import RunFolder
 
-MISSING = vllm_available()
-if MISSING is not None and os.environ.get("SWARMRL_VLLM_REQUIRED"):
-    raise RuntimeError(f"SWARMRL_VLLM_REQUIRED is set, but {MISSING}")
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        MISSING is not None,
-        reason=f"{MISSING}; the vLLM tests run in the vLLM venv (`pip install -e .[vllm]`)",
-    ),
-]
+pytestmark = [pytest.mark.slow, vllm_only()]
 
 STEPS = 3
 

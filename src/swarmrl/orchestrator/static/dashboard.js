@@ -16,17 +16,16 @@ const CURVES = [
   ["heldout_accuracy", "held-out accuracy"],
 ];
 
-function fmt(x) {
+function fmt(x, digits = 5) {
   if (x === null || x === undefined || Number.isNaN(x)) return "–";
   if (typeof x !== "number") return String(x);
   if (Number.isInteger(x)) return String(x);
-  return String(Number(x.toPrecision(5)));
+  return String(Number(x.toPrecision(digits)));
 }
 
-// A rate or a pace: three significant digits are all a reader can use.
+// A rate, a pace or a delay: three significant digits are all a reader can use.
 function rough(x) {
-  if (x === null || x === undefined || Number.isNaN(x)) return "–";
-  return String(Number(x.toPrecision(3)));
+  return fmt(x, 3);
 }
 
 function ago(now, t) {
@@ -205,9 +204,9 @@ function render(d) {
     cell(tr, a.accepted, "accepted");
     cell(tr, a.rejected, "rejected");
     cell(tr, a.trained, "trained");
-    cell(tr, a.samples_per_second == null ? null : rough(a.samples_per_second), "rate");
+    cell(tr, rough(a.samples_per_second), "rate");
     cell(tr, a.holds, "holds");
-    cell(tr, a.reached_seconds == null ? null : rough(a.reached_seconds), "reached");
+    cell(tr, rough(a.reached_seconds), "reached");
     cell(tr, a.bytes_served == null ? null : a.bytes_served / 1e6, "served");
     cell(tr, m.url || "", "url", "wrap");
   });
