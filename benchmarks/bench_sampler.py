@@ -1,21 +1,28 @@
-"""Benchmark (issue 2a): our sampling loop against `transformers` `generate`, and vLLM.
+"""Benchmark: the worker's engines side by side: our sampling loop, `transformers`
+`generate`, and vLLM, with each engine's TOPLOC proof cost.
 
 Same model, same prompts, same batch, same temperature and length limit, measured side
-by side in one run: each repeat times both methods back to back (alternating which goes
-first), and the reported figure is the median of the per-repeat ratios, which follows
-the shared machine's changing load better than a ratio of two medians. The batch has the shape a worker
-samples: `--batch / --group` distinct prompts, each sampled `--group` times (GRPO's G);
-`--group 1` gives all-distinct prompts. Throughput counts the completion
-tokens each method actually produced (up to and including EOS), so `generate` is not
-charged for the padding it computes after a sequence has finished, nor credited for it.
+by side in one run: each repeat times every method back to back (alternating the
+order), and the reported ratio is the median of the per-repeat ratios to `generate`,
+which follows the shared machine's changing load better than a ratio of two medians.
+The batch has the shape a worker samples: `--batch / --group` distinct prompts, each
+sampled `--group` times (GRPO's G); `--group 1` gives all-distinct prompts. Throughput
+counts the completion tokens each method actually produced (up to and including EOS),
+so `generate` is not charged for the padding it computes after a sequence has finished,
+nor credited for it.
 
 ``--vllm`` (in the vLLM venv, docs/architecture.md) adds the worker's vLLM engine
-(``generation/vllm_engine.py``: swarmrl's seeded draw in a logits processor) to each
-repeat. Its rate counts the engine's generation only; the prefill that gives its
-proofs' states and logprobs is reported apart, as a share of that generation time (the
-native loop returns the states as it samples).
+(``generation/vllm_engine.py``: swarmrl's seeded draw in a logits processor). Its rate
+counts the engine's generation only. The proof cost column is what a worker pays on top
+of generation to write a file's TOPLOC proofs, as a share of that engine's generation
+time: the native loop returns the final-norm states as it samples, so its cost is
+building the proofs; vLLM's is the prefill that gives the states and logprobs, then
+building the proofs. (`generate` is not a worker engine and has no proof column.)
 
-    python benchmarks/bench_sampler.py [--model DIR] [--batch 64] [--repeats 10] [--vllm]
+``--device cuda`` runs the model (and vLLM, when installed as `vllm` on a GPU machine)
+on the GPU; ``benchmarks/gpu_engines.sh`` runs the whole table there.
+
+    python benchmarks/bench_sampler.py [--model DIR] [--batch 64] [--repeats 10] [--vllm] [--device cpu]
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from swarmrl.checkpoints import load_policy
 from swarmrl.generation.sampler import SamplingParams, sample
 from swarmrl.model.build import ensure_default_model
 from swarmrl.tasks.arithmetic import ArithmeticTask
+from swarmrl.toploc.proofs import build_proofs_batch
 
 
 def main() -> None:
@@ -47,10 +55,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--vllm", action="store_true", help="also time the vLLM engine")
+    parser.add_argument("--device", default="cpu", help="where the model runs: cpu or cuda")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench_sampler: --device cuda, but torch sees no CUDA device here")
     model_dir = args.model or ensure_default_model()
     model, tok = load_policy(model_dir)
+    model.to(device)
     task = ArithmeticTask()
     distinct = [
         tok(task.render_prompt(task.train_problem(i * 7919), 32 + 8 * (i % 2)))["input_ids"]
@@ -69,8 +82,16 @@ def main() -> None:
     for i, p in enumerate(prompts):
         ids[i, width - len(p) :] = torch.tensor(p)
         mask[i, width - len(p) :] = 1
+    ids, mask = ids.to(device), mask.to(device)
 
-    def ours(seed: int) -> int:
+    def synced() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    # Per call: (completion tokens, generation seconds, proof seconds or None).
+    def ours(seed: int) -> tuple[int, float, float | None]:
+        start = synced()
         gens = sample(
             model,
             prompts,
@@ -78,10 +99,13 @@ def main() -> None:
             params,
             pad_id=tok.pad_token_id,
         )
-        return sum(len(g.tokens) for g in gens)
+        middle = synced()
+        build_proofs_batch([g.hidden for g in gens])
+        return sum(len(g.tokens) for g in gens), middle - start, time.perf_counter() - middle
 
-    def hf(seed: int) -> int:
+    def hf(seed: int) -> tuple[int, float, float | None]:
         torch.manual_seed(seed)
+        start = synced()
         with torch.inference_mode():
             out = model.generate(
                 input_ids=ids,
@@ -97,16 +121,15 @@ def main() -> None:
         produced = 0
         for row in out[:, width:].tolist():
             produced += row.index(tok.eos_token_id) + 1 if tok.eos_token_id in row else len(row)
-        return produced
+        return produced, time.perf_counter() - start, None
 
     methods = [("ours", ours), ("generate", hf)]
-    prefill_shares: list[float] = []
     if args.vllm:
         from swarmrl.generation.vllm_engine import VllmEngine
 
         engine = VllmEngine(model_dir)
 
-        def vllm(seed: int) -> int:
+        def vllm(seed: int) -> tuple[int, float, float | None]:
             gens = engine.sample(
                 model,
                 prompts,
@@ -114,44 +137,46 @@ def main() -> None:
                 params,
                 pad_id=tok.pad_token_id,
             )
-            prefill_shares.append(engine.prefill_seconds / engine.engine_seconds)
-            return sum(len(g.tokens) for g in gens)
+            start = time.perf_counter()
+            build_proofs_batch([g.hidden for g in gens])
+            proof = engine.prefill_seconds + time.perf_counter() - start
+            return sum(len(g.tokens) for g in gens), engine.engine_seconds, proof
 
         methods.append(("vllm", vllm))
     for _, fn in methods:
         fn(0)  # warm-up
-    prefill_shares.clear()
     rates: dict[str, list[float]] = {name: [] for name, _ in methods}
+    proof_shares: dict[str, list[float]] = {name: [] for name, _ in methods}
     for r in range(args.repeats):
         for name, fn in methods if r % 2 == 0 else reversed(methods):
-            start = time.perf_counter()
-            tokens = fn(r + 1)
-            seconds = time.perf_counter() - start
-            # vLLM's rate: the engine's generation only (its proof prefill is reported apart)
-            rates[name].append(tokens / (engine.engine_seconds if name == "vllm" else seconds))
-    ratios = [o / g for o, g in zip(rates["ours"], rates["generate"], strict=True)]
-    ours_rate, hf_rate = statistics.median(rates["ours"]), statistics.median(rates["generate"])
+            tokens, seconds, proof = fn(r + 1)
+            rates[name].append(tokens / seconds)
+            if proof is not None:
+                proof_shares[name].append(proof / seconds)
+    n_params = sum(p.numel() for p in model.parameters())
     print(
-        f"model {model_dir}, batch {len(prompts)} ({len(distinct)} prompts x {args.group}), "
-        f"max_new_tokens {args.max_new_tokens}, threads {args.threads}"
+        f"model {model_dir} ({n_params / 1e6:.1f} M parameters, {model.dtype}), device {device}, "
+        f"batch {len(prompts)} ({len(distinct)} prompts x {args.group}), "
+        f"max_new_tokens {args.max_new_tokens}, threads {args.threads}, {args.repeats} repeats"
     )
-    print(f"ours:     {ours_rate:9.0f} tokens/s (median of {args.repeats})")
-    print(f"generate: {hf_rate:9.0f} tokens/s (median of {args.repeats})")
-    print(
-        f"ratio ours/generate: {statistics.median(ratios):.2f}x (median of {args.repeats} paired repeats; "
-        f"range {min(ratios):.2f}-{max(ratios):.2f}x)"
-    )
-    if args.vllm:
-        vllm_ratios = [v / g for v, g in zip(rates["vllm"], rates["generate"], strict=True)]
-        print(
-            f"vllm:     {statistics.median(rates['vllm']):9.0f} tokens/s (median of {args.repeats})"
+    print(f"{'engine':<10} {'tokens/s':>9}  {'vs generate (range)':<22} proof cost (range)")
+    for name, _ in methods:
+        ratios = [a / g for a, g in zip(rates[name], rates["generate"], strict=True)]
+        shares = proof_shares[name]
+        proof = (
+            f"{statistics.median(shares):.1%} ({min(shares):.1%}-{max(shares):.1%})"
+            if shares
+            else "-"
         )
         print(
-            f"ratio vllm/generate: {statistics.median(vllm_ratios):.2f}x "
-            f"(range {min(vllm_ratios):.2f}-{max(vllm_ratios):.2f}x); its proof prefill: "
-            f"{statistics.median(prefill_shares):.1%} of its generation time "
-            f"(range {min(prefill_shares):.1%}-{max(prefill_shares):.1%})"
+            f"{name:<10} {statistics.median(rates[name]):9.0f}  "
+            f"{statistics.median(ratios):5.2f}x ({min(ratios):.2f}-{max(ratios):.2f}x)"
+            f"{'':<6} {proof}"
         )
+    print(
+        "tokens/s: median over repeats; vs generate: median of the paired per-repeat ratios; "
+        "proof cost: share of the engine's generation time"
+    )
 
 
 if __name__ == "__main__":

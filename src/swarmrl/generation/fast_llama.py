@@ -19,6 +19,7 @@ prompt's cache).
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,12 @@ from transformers import PreTrainedModel
 
 FAST_ARCHITECTURES = {"llama", "qwen2", "mistral"}
 _FAST_MODELS: weakref.WeakKeyDictionary[PreTrainedModel, FastLlama] = weakref.WeakKeyDictionary()
+
+
+def on_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """New tensors default to ``device`` (a GPU) inside this context; on the CPU it is a
+    no-op, where the device mode's per-op dispatch would only cost time."""
+    return contextlib.nullcontext() if device.type == "cpu" else torch.device(device)
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,7 +78,9 @@ def _stacked(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | No
         return weight, None
     return weight, torch.cat(
         [
-            b if b is not None else torch.zeros(lin.weight.shape[0], dtype=weight.dtype)
+            b
+            if b is not None
+            else torch.zeros(lin.weight.shape[0], dtype=weight.dtype, device=weight.device)
             for b, lin in zip(biases, linears, strict=True)
         ]
     )
@@ -291,6 +300,18 @@ def continuation_states(
         raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
     if any(not p for p in prompts) or any(not c for c in continuations):
         raise ValueError("every prompt and every continuation needs at least one token")
+    with on_device(decoder.embed.device):
+        return _continuation_states(decoder, prompts, continuations, pad_id, token_budget, max_rows)
+
+
+def _continuation_states(
+    decoder: FastLlama,
+    prompts: list[list[int]],
+    continuations: list[list[int]],
+    pad_id: int,
+    token_budget: int,
+    max_rows: int,
+) -> list[torch.Tensor]:
     pre = prefill_prompts(decoder, prompts, pad_id, token_budget)
     owner, prompt_cache, last, prompt_mask = pre.owner, pre.cache, pre.last, pre.mask
     width = prompt_mask.shape[1]

@@ -32,6 +32,7 @@ from swarmrl.generation.fast_llama import (
     FastLlama,
     fast_decoder,
     left_pad,
+    on_device,
     prefill_prompts,
     supports_fast_path,
 )
@@ -81,12 +82,12 @@ def draw(
         keep = (sorted_p.cumsum(-1) - sorted_p) < top_p  # always keeps the top token
         sorted_p = sorted_p * keep
         cdf = sorted_p.cumsum(-1)
-        target = torch.from_numpy(u).unsqueeze(-1) * cdf[:, -1:]
+        target = torch.from_numpy(u).to(cdf.device).unsqueeze(-1) * cdf[:, -1:]
         pick = torch.searchsorted(cdf, target).clamp(max=probs.shape[-1] - 1)
         tokens = order.gather(-1, pick).squeeze(-1)
     else:
         cdf = probs.cumsum(-1)
-        target = torch.from_numpy(u).unsqueeze(-1) * cdf[:, -1:]
+        target = torch.from_numpy(u).to(cdf.device).unsqueeze(-1) * cdf[:, -1:]
         tokens = torch.searchsorted(cdf, target).clamp(max=probs.shape[-1] - 1).squeeze(-1)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
@@ -171,7 +172,7 @@ def _fast_sample(
             row_tokens, row_logp = row_tokens[keep], row_logp[keep]
             row_hidden = row_hidden[keep] if row_hidden is not None else None
             finished = finished[keep]
-            row_u = row_u[keep.numpy()]
+            row_u = row_u[keep.cpu().numpy()]
             key_ok = key_ok[keep]
             cache = [(k[keep], v[keep]) for k, v in cache]
         slot = width + step
@@ -211,8 +212,8 @@ def _collect(tokens, logp, hidden, lengths, eos) -> list[Generation]:
         out.append(
             Generation(
                 tokens=tokens[i, :n].tolist(),
-                logprobs=logp[i, :n].numpy().copy(),
-                hidden=hidden[i, :n].clone() if hidden is not None else None,
+                logprobs=logp[i, :n].cpu().numpy().copy(),
+                hidden=hidden[i, :n].to("cpu", copy=True) if hidden is not None else None,
                 stopped_on_eos=bool(eos[i]),
             )
         )
@@ -302,6 +303,7 @@ def sample(
     if seeds.shape != (len(prompts),):
         raise ValueError(f"need one seed per prompt: {len(prompts)} prompts, {seeds.shape} seeds")
     use_fast = supports_fast_path(model) if fast is None else fast
-    if use_fast:
-        return _fast_sample(fast_decoder(model), prompts, seeds, params, pad_id, capture_hidden)
-    return _generic_sample(model, prompts, seeds, params, pad_id, capture_hidden)
+    with on_device(next(model.parameters()).device):
+        if use_fast:
+            return _fast_sample(fast_decoder(model), prompts, seeds, params, pad_id, capture_hidden)
+        return _generic_sample(model, prompts, seeds, params, pad_id, capture_hidden)

@@ -248,12 +248,12 @@ def prefilled_generations(
     out = []
     for tokens, state in zip(completions, states, strict=True):
         logp = torch.log_softmax(head(state).float() / params.temperature, dim=-1)
-        token_logp = logp.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
+        token_logp = logp.gather(-1, torch.tensor(tokens, device=logp.device)[:, None]).squeeze(-1)
         out.append(
             Generation(
                 tokens=tokens,
-                logprobs=token_logp.numpy().astype(np.float32),
-                hidden=state.to(torch.bfloat16) if capture_hidden else None,
+                logprobs=token_logp.cpu().numpy().astype(np.float32),
+                hidden=state.to("cpu", torch.bfloat16) if capture_hidden else None,
                 stopped_on_eos=tokens[-1] == params.eos_token_id,
             )
         )

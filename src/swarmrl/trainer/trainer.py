@@ -147,9 +147,19 @@ class Trainer:
                 client, self.folder.trainer_inbox, build_task(cfg.task), cfg, self.tok, bounds
             )
         self.source = source
+        n_params = sum(p.numel() for p in model.parameters())
         self.model = distributed.prepare_model(
             model, self.ranks, tc.activation_checkpointing, tc.precision
         )
+        if self.ranks.is_main:
+            log.info(
+                "trainer: %.1f M parameters on %d rank(s)%s, %s, %s",
+                n_params / 1e6,
+                self.ranks.world,
+                " sharded with FSDP2" if self.ranks.sharded else "",
+                self.ranks.device,
+                tc.precision,
+            )
         self.opt = torch.optim.AdamW(
             self.model.parameters(), lr=tc.lr, betas=tc.betas, weight_decay=tc.weight_decay
         )
