@@ -123,7 +123,7 @@ def main() -> None:
     for kind in sorted({k for k, _, _ in fetches}):
         got = [(b, s) for k, b, s in fetches if k == kind]
         print(
-            f"policy fetch ({kind}):   {len(got)}, median {statistics.median(b for b, _ in got) / 1e6:.0f} MB "
+            f"{f'policy fetch ({kind}):':<23}{len(got)}, median {statistics.median(b for b, _ in got) / 1e6:.0f} MB "
             f"in {statistics.median(s for _, s in got):.1f} s"
         )
     served = summary["bytes_served"]
