@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 from sqlalchemy import select
 
 from swarmrl.assignment import assign_from_seed
@@ -26,7 +28,7 @@ from swarmrl.protocol.funding import fund_workers, owner_key
 from swarmrl.rewards import group_advantages, score_sample
 from swarmrl.rollouts import read_rollouts
 from swarmrl.run import free_port, orchestrator_role, pool_roles, pool_status, prepare_pool
-from swarmrl.runfolder import RunFolder
+from swarmrl.runfolder import RunFolder, step_name
 from swarmrl.shardcast.server import start_server
 from swarmrl.tasks.registry import build_task
 from swarmrl.trainer.metrics import read_metrics
@@ -104,6 +106,11 @@ def test_the_pool_on_loopback_trains_only_issued_uploaded_recomputed_files(
         "2",
         "--validator.fraction",
         "1",
+        # Checkpoints broadcast rounded to bf16: workers and the validator compute from
+        # the rounded weights, and every honest file must still pass (fp32, the default,
+        # runs in the other pool tests).
+        "--shardcast.dtype",
+        "bf16",
         *SMALL,
         timeout=900,
     )
@@ -191,6 +198,20 @@ def test_the_pool_on_loopback_trains_only_issued_uploaded_recomputed_files(
     counts = summary["validation"]
     assert counts["fraction"] == 1 and counts["accepted"] >= 4
     assert counts["rejected"] == 0
+    # What the workers were sent is the trainer's checkpoint with every weight rounded to
+    # bf16, bit for bit; the trainer's own checkpoints stay fp32.
+    compared = 0
+    for i in range(2):
+        for held in sorted(run.worker_dir(i).glob("policies/v*/model.safetensors")):
+            step = int(held.parent.name[1:])
+            trainer_copy = run.checkpoints / step_name(step) / "model.safetensors"
+            if not trainer_copy.exists():
+                continue  # pruned by the trainer since
+            exact, sent = load_file(trainer_copy), load_file(held)
+            assert all(t.dtype == torch.float32 for t in exact.values())
+            assert all(torch.equal(sent[k], t.to(torch.bfloat16)) for k, t in exact.items())
+            compared += 1
+    assert compared >= 1
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen:

@@ -431,3 +431,57 @@ def test_swarmrl_fetch_says_which_way_the_file_came(published, tmp_path, capsys)
     assert main([*args, "--dest", str(off), "--no-deltas"]) == 0
     assert json.loads(capsys.readouterr().out)["route"] == "full"
     assert tree(dest / "v2") == tree(off / "v2") == tree(ckpts[2])
+
+
+def test_a_bf16_broadcast_copy_rounds_every_weight_and_loads_in_fp32(tmp_path, warm_model_dir):
+    import torch
+    from safetensors.torch import load_file
+
+    from swarmrl.checkpoints import load_policy, write_rounded_copy
+
+    rounded = write_rounded_copy(warm_model_dir, tmp_path / "v0")
+    original = load_file(warm_model_dir / "model.safetensors")
+    copied = load_file(rounded / "model.safetensors")
+    assert copied.keys() == original.keys()
+    for key, tensor in original.items():
+        assert copied[key].dtype == torch.bfloat16
+        assert torch.equal(copied[key], tensor.to(torch.bfloat16)), key
+    assert json.loads((rounded / "config.json").read_text())["dtype"] == "bfloat16"
+    # Every other file (the tokenizer's) comes across unchanged.
+    others = {p.name for p in warm_model_dir.iterdir()} - {"model.safetensors", "config.json"}
+    for name in others:
+        assert (rounded / name).read_bytes() == (warm_model_dir / name).read_bytes(), name
+    # Readers compute in fp32 from the rounded values.
+    model, _ = load_policy(rounded)
+    for name, param in model.named_parameters():
+        assert param.dtype == torch.float32
+        want = original.get(name, original.get(name.replace("lm_head", "model.embed_tokens")))
+        if want is not None:
+            assert torch.equal(param, want.to(torch.bfloat16).float()), name
+    # No half-written copy is left behind, and an existing one is replaced whole.
+    write_rounded_copy(warm_model_dir, tmp_path / "v0")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v0"]
+
+
+def test_bf16_broadcast_deltas_are_far_smaller_than_fp32_ones(tmp_path):
+    """An Adam-sized step moves every fp32 weight, but few of them across a bf16 rounding
+    boundary: the rounded copies' delta is a fraction of the fp32 delta."""
+    import torch
+    from safetensors.torch import save_file as save_torch
+
+    from swarmrl.checkpoints import write_rounded_copy
+
+    sizes = {}
+    for precision in ("fp32", "bf16"):
+        origin = Origin(tmp_path / f"origin-{precision}", shard_size=SHARD, delta_block=BLOCK)
+        for v in (1, 2):
+            path = tmp_path / f"{precision}-ckpt{v}"
+            path.mkdir()
+            save_torch({"w": torch.from_numpy(weights(v))}, str(path / "model.safetensors"))
+            (path / "config.json").write_text(json.dumps({"hidden": 8}))
+            if precision == "bf16":
+                path = write_rounded_copy(path, tmp_path / f"bf16-rounded{v}")
+            origin.publish(v, path)
+        delta = origin.root / "v2" / "delta-from-1"
+        sizes[precision] = sum(p.stat().st_size for p in delta.iterdir())
+    assert 0 < sizes["bf16"] < 0.25 * sizes["fp32"], sizes

@@ -10,12 +10,14 @@ when complete, so a reader never sees half of one.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Collection
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
@@ -58,6 +60,44 @@ def load_policy(path: Path):
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return model, tok
+
+
+def write_rounded_copy(src: Path, dest: Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Copy checkpoint ``src`` to ``dest`` with every floating weight rounded to ``dtype``
+    (round to nearest even, torch's cast) and the config saying so; every other file as is.
+
+    What a run with ``shardcast.dtype = "bf16"`` broadcasts: half the bytes of fp32, and
+    consecutive copies differ only where an update crossed a rounding boundary, so their
+    deltas are small. Readers (``load_policy``) compute in fp32 from the rounded values.
+    Written under a temporary name and renamed, like a checkpoint.
+    """
+    src, dest = Path(src), Path(dest)
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    name = str(dtype).removeprefix("torch.")
+    for entry in sorted(src.iterdir()):
+        if entry.suffix == ".safetensors":
+            weights = {
+                key: (t.to(dtype) if t.is_floating_point() else t).contiguous()
+                for key, t in load_file(entry).items()
+            }
+            save_file(weights, tmp / entry.name, metadata={"format": "pt"})
+        elif entry.name == "config.json":
+            config = json.loads(entry.read_text())
+            for key in ("dtype", "torch_dtype"):
+                if key in config:
+                    config[key] = name
+            config.setdefault("dtype", name)
+            (tmp / entry.name).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        elif entry.is_file():
+            shutil.copy2(entry, tmp / entry.name)
+        else:
+            raise ValueError(f"cannot round {src}: {entry.name} is not a file")
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+    return dest
 
 
 def trainer_state_path(root: Path, step: int) -> Path:

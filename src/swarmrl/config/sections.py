@@ -182,6 +182,10 @@ class ShardcastConfig(_Section):
         True,
         description="workers holding the previous checkpoint fetch the next one as a delta against it (rebuilt, checked by its BLAKE3, the full shards on any trouble); off: the trainer's origin publishes none and workers fetch full shards",
     )
+    dtype: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="precision of the broadcast checkpoints: fp32, the trainer's weights exactly; bf16, each weight rounded to bf16 (workers and the validator compute in fp32 from the rounded values, the off-policy correction covers the difference): half the bytes, and deltas much smaller still (docs/shardcast.md)",
+    )
     workers_fetch_origin: bool = Field(
         False,
         description="workers fetch checkpoints from the trainer's origin as well as from the relays (each shard from a server drawn by measured bandwidth): a new checkpoint reaches them before a relay has mirrored it, and the relays' links are shared less, at the cost of the origin's egress; off: only from the relays (the origin when none is registered)",

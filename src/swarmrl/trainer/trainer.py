@@ -33,6 +33,7 @@ import json
 import logging
 import math
 import random
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -48,6 +49,7 @@ from swarmrl.checkpoints import (
     prune_checkpoints,
     save_checkpoint,
     trainer_state_path,
+    write_rounded_copy,
 )
 from swarmrl.config import RunConfig, TrainerConfig
 from swarmrl.protocol import PoolClient, PoolRefused, recipe
@@ -221,6 +223,14 @@ class Trainer:
         listed = self.origin.store.listed()
         if step in listed:
             blake3 = listed[step].blake3
+        elif self.cfg.shardcast.dtype == "bf16":
+            rounded = write_rounded_copy(
+                checkpoint_dir(self.ckpt_root, step), self.folder.shardcast / "rounded" / f"v{step}"
+            )
+            try:
+                blake3 = self.origin.publish(step, rounded).blake3
+            finally:
+                shutil.rmtree(rounded, ignore_errors=True)
         else:
             blake3 = self.origin.publish(step, checkpoint_dir(self.ckpt_root, step)).blake3
         if self.client is not None:
