@@ -19,8 +19,9 @@ its own folder, on the embedded default model, `--steps` steps, the run's defaul
 otherwise (eval off, `pool.stake = 0`: a closed pool). A configuration is a link rate
 (`open` = no cap, or mbit) and `full` (`shardcast.deltas = false`), `delta` (the
 default) or `origin` (deltas, and workers fetch from the origin as well as the relay:
-`shardcast.workers_fetch_origin = true`). Configurations are interleaved: each repeat
-runs all of them once in turn.
+`shardcast.workers_fetch_origin = true`), optionally followed by `-bf16` (checkpoints
+broadcast rounded to bf16: `shardcast.dtype = "bf16"`). Configurations are interleaved:
+each repeat runs all of them once in turn.
 
 Figures per run (`wan_figures.py`), over the steady steps (step 0, whose wait is the
 roles starting, is left out): trainer idle = wait / step time summed (as `swarmrl run`'s
@@ -69,21 +70,34 @@ class Config:
     deltas: bool
     src: Path  # the swarmrl source tree the roles run
     origin: bool = False  # workers fetch from the origin too (shardcast.workers_fetch_origin)
+    bf16: bool = False  # checkpoints broadcast rounded to bf16 (shardcast.dtype)
 
 
 def parse_config(name: str, base_src: Path | None) -> Config:
-    """RATE-MODE[@base]: `@base` runs the roles from `--base-src` (the code before a change)."""
+    """RATE-MODE[-bf16][@base]: `-bf16` broadcasts checkpoints rounded to bf16; `@base`
+    runs the roles from `--base-src` (the code before a change)."""
     spec, at, variant = name.partition("@")
-    rate, _, mode = spec.partition("-")
-    if mode not in ("full", "delta", "origin") or not (rate == "open" or rate.isdigit()):
+    rate, _, rest = spec.partition("-")
+    mode, _, precision = rest.partition("-")
+    if (
+        mode not in ("full", "delta", "origin")
+        or precision not in ("", "bf16")
+        or not (rate == "open" or rate.isdigit())
+    ):
         raise SystemExit(
-            f"bench_wan: configuration {name!r}: want RATE-MODE, e.g. open-delta, 20-full, 20-origin"
+            f"bench_wan: configuration {name!r}: want RATE-MODE[-bf16], e.g. open-delta, "
+            "20-full, 20-origin, 20-delta-bf16"
         )
     if at and (variant != "base" or base_src is None):
         raise SystemExit(f"bench_wan: configuration {name!r}: @base needs --base-src")
     src = base_src if at and base_src else ROOT / "src"
     return Config(
-        name, None if rate == "open" else int(rate), mode != "full", src, origin=mode == "origin"
+        name,
+        None if rate == "open" else int(rate),
+        mode != "full",
+        src,
+        origin=mode == "origin",
+        bf16=precision == "bf16",
     )
 
 
@@ -150,6 +164,7 @@ def run_once(net: Network, cfg: Config, keys: dict, model: str, base: Path, args
         "eval_before = false\neval_after = false\n"
         f"[trainer]\nsteps = {args.steps}\n[shardcast]\ndeltas = {str(cfg.deltas).lower()}\n"
         + ("workers_fetch_origin = true\n" if cfg.origin else "")
+        + ('dtype = "bf16"\n' if cfg.bf16 else "")
         + "[pool]\nstake = 0\n"
     )
     orch = dirs["orch"]
@@ -313,7 +328,7 @@ def main() -> int:
     p.add_argument(
         "--configs",
         default="open-full,open-delta,20-full,20-delta,100-full,100-delta",
-        help="comma-separated RATE-MODE: RATE open or mbit, MODE full or delta",
+        help="comma-separated RATE-MODE[-bf16]: RATE open or mbit, MODE full, delta or origin",
     )
     p.add_argument(
         "--key-configs",
