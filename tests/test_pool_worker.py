@@ -22,8 +22,8 @@ from helpers import random_model
 from pool_fixtures import make_pool, rollout_file
 from swarmrl.assignment import assign_from_seed
 from swarmrl.identity import Identity, generate_key_file
+from swarmrl.inference.policy_source import PolicySource, Prefetch
 from swarmrl.inference.worker import (
-    PolicySource,
     Uploader,
     WorkerCounts,
     WorkerHome,
@@ -405,6 +405,40 @@ def test_policy_loaded_only_with_the_announced_bytes(tmp_path):
         assert model.config.hidden_size == 64 and tok.eos_token_id is not None
         assert source.bytes_by_server == {server.url: published.file_size}
     finally:
+        server.stop()
+
+
+def test_a_policy_fetched_in_the_background_is_taken_whole_or_with_its_error(tmp_path):
+    """The worker's background fetch: one at a time, its result (or the exception it
+    raised) handed over once, and the policy loaded from it the announced one."""
+    origin = Origin(tmp_path / "origin", shard_size=64 * 1024)
+    published = origin.publish(0, _model_dir(tmp_path / "m0", 0))
+    server = start_server(origin.root)
+    source = PolicySource(tmp_path / "w" / "policies")
+    prefetch = Prefetch(source)
+    try:
+        assert not prefetch.busy and not prefetch.ready
+        with pytest.raises(RuntimeError, match="no finished policy fetch"):
+            prefetch.take()
+        forged = api.CheckpointInfo(step=0, blake3="ab" * 32)
+        prefetch.start([server.url], forged)
+        with pytest.raises(RuntimeError, match="still being fetched"):
+            prefetch.start([server.url], forged)
+        prefetch.wait(30)
+        assert prefetch.ready and prefetch.checkpoint == forged
+        with pytest.raises(FetchError, match="the orchestrator announced abab"):
+            prefetch.take()
+        assert not prefetch.busy and source.fetches == {}
+        announced = api.CheckpointInfo(step=0, blake3=published.blake3)
+        prefetch.start([server.url], announced)
+        prefetch.wait(30)
+        model, tok = source.open(prefetch.take())
+        assert model.config.hidden_size == 64 and tok.eos_token_id is not None
+        assert source.fetches == {"full": 1}
+        assert source.bytes_by_server == {server.url: published.file_size}
+        prefetch.wait(0.01)  # nothing in flight: returns at once
+    finally:
+        prefetch.close()
         server.stop()
 
 

@@ -10,10 +10,11 @@ policy cache (`policies/`), its outbox (`outbox/`) and its per-file stats
    bound, the newest checkpoint and its BLAKE3, the relays, the trainer's origin, and
    whether the run is finished.
 2. When a newer checkpoint is announced, fetch it through SHARDCAST from the relays (the
-   origin if no relay is registered), check it is the announced one and load it. A policy
-   it cannot fetch or load (a relay still mirroring it, a bad shard) is retried with a
-   doubling delay, logged each time; meanwhile the worker keeps generating with the
-   policy it holds, as far as the orchestrator's async bound lets it.
+   origin if no relay is registered) on a background thread, check it is the announced
+   one and, between assignments, load it (`policy_source.py`); meanwhile the worker keeps
+   generating with the policy it holds, as far as the orchestrator's async bound lets it.
+   A policy it cannot fetch or load (a relay still mirroring it, a bad shard) is retried
+   with a doubling delay, logged each time.
 3. Ask for an assignment with the policy step it holds. None (the steps it may serve are
    full, or its policy is too old): wait the `retry_seconds` the answer names.
 4. Generate the assignment's prompts (`assign_from_seed` of the issued seed), score them,
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import sys
 import threading
 import time
@@ -46,7 +46,6 @@ import torch
 
 from swarmrl.assignment import assign_from_seed
 from swarmrl.backoff import backoff_delay
-from swarmrl.checkpoints import load_policy
 from swarmrl.config import RunConfig
 from swarmrl.generation.rollout import RolloutBatch, Sampler, generate_rollouts
 from swarmrl.generation.sampler import SamplingParams, sample
@@ -54,11 +53,12 @@ from swarmrl.identity import Identity
 from swarmrl.inference.adversary import Behaviour
 from swarmrl.inference.engines import EngineChoice
 from swarmrl.inference.finisher import FileFinisher
+from swarmrl.inference.policy_source import PolicySource, Prefetch
 from swarmrl.protocol import PoolClient, PoolRefused, recipe
 from swarmrl.protocol import models as api
 from swarmrl.protocol.membership import Membership, ejected, retryable
 from swarmrl.rollouts import RolloutMeta
-from swarmrl.shardcast.client import FetchError, VersionUnavailableError, fetch, resolve_version
+from swarmrl.shardcast.client import VersionUnavailableError
 from swarmrl.tasks.base import Task
 from swarmrl.tasks.registry import build_task
 
@@ -106,48 +106,13 @@ class WorkerCounts:
     abandoned: int = 0
 
 
-class PolicySource:
-    """Fetches announced checkpoints through SHARDCAST into the worker's policy cache."""
-
-    def __init__(self, cache: Path, timeout: float = 10.0, deltas: bool = True) -> None:
-        self.cache = cache
-        self.timeout = timeout
-        self.deltas = deltas
-        self.bytes_by_server: dict[str, int] = {}
-        # policies fetched by route: "delta" (rebuilt from the one held) or "full"
-        self.fetches: dict[str, int] = {}
-
-    def load(self, servers: list[str], checkpoint: api.CheckpointInfo):
-        """Fetch, verify and load the announced checkpoint; raises FetchError when the
-        servers do not hold it (yet) or hold other bytes than the orchestrator announced."""
-        if not servers:
-            raise FetchError("the orchestrator names no relay and no origin to fetch from")
-        listed = resolve_version(servers, checkpoint.step, timeout=self.timeout).entry.blake3
-        if listed != checkpoint.blake3:
-            raise FetchError(
-                f"checkpoint {checkpoint.step} is listed with BLAKE3 {listed} on "
-                f"{', '.join(servers)}, but the orchestrator announced {checkpoint.blake3}"
-            )
-        result = fetch(
-            servers, checkpoint.step, self.cache, timeout=self.timeout, deltas=self.deltas
-        )
-        for server, n in result.bytes_by_server.items():
-            self.bytes_by_server[server] = self.bytes_by_server.get(server, 0) + n
-        self.fetches[result.route] = self.fetches.get(result.route, 0) + 1
-        log.info(
-            "fetched policy %d by %s: %d bytes in %.2f s%s",
-            checkpoint.step,
-            result.route,
-            result.bytes_fetched,
-            result.seconds,
-            f" (delta refused: {result.delta_refused})" if result.delta_refused else "",
-        )
-        policy = load_policy(result.path)
-        # Older downloads are no longer needed once the newer policy is loaded.
-        for old in self.cache.glob("v*"):
-            if old != result.path and old.is_dir():
-                shutil.rmtree(old, ignore_errors=True)
-        return policy
+def _pause(prefetch: Prefetch, seconds: float) -> None:
+    """Wait ``seconds``, or less if the policy being fetched arrives first: it may be what
+    the pool is waiting for."""
+    if prefetch.busy:
+        prefetch.wait(seconds)
+    else:
+        time.sleep(seconds)
 
 
 class Uploader:
@@ -292,6 +257,7 @@ def run_worker(
     home.outbox.mkdir(parents=True, exist_ok=True)
     task = build_task(cfg.task)
     source = PolicySource(home.policies, deltas=cfg.shardcast.deltas)
+    prefetch = Prefetch(source)
     counts = WorkerCounts()
     engines = EngineChoice(cfg)
     model = tok = None
@@ -386,14 +352,22 @@ def run_worker(
             if (
                 announced is not None
                 and announced.step > loaded_step
+                and not prefetch.busy
                 and time.monotonic() >= retry_at
             ):
+                # Fetched on a background thread: the worker keeps generating meanwhile.
+                prefetch.start(
+                    view.checkpoint_servers(with_origin=cfg.shardcast.workers_fetch_origin),
+                    announced,
+                )
+            if model is None:
+                prefetch.wait()  # nothing to generate with until the first policy is in
+            if prefetch.ready:
+                fetched = prefetch.checkpoint
+                assert fetched is not None
                 try:
-                    new_model, new_tok = source.load(
-                        view.checkpoint_servers(with_origin=cfg.shardcast.workers_fetch_origin),
-                        announced,
-                    )
-                    loaded_step = announced.step
+                    new_model, new_tok = source.open(prefetch.take())
+                    loaded_step = fetched.step
                     held[loaded_step] = (behaviour.policy(new_model), new_tok)
                     # worker.policy_lag (benchmarks): the oldest held policy within the lag.
                     policy_step = min(s for s in held if s >= loaded_step - cfg.worker.policy_lag)
@@ -415,13 +389,13 @@ def run_worker(
                     now = time.monotonic()
                     unlisted_since = unlisted_since or now
                     if now - unlisted_since > UNLISTED_GRACE_SECONDS:
-                        trouble(f"policy {announced.step} is still not listed", exc)
+                        trouble(f"policy {fetched.step} is still not listed", exc)
                     else:
                         retry_at = now + cfg.worker.poll_seconds
                 except POLICY_TROUBLE as exc:
-                    trouble(f"could not fetch policy {announced.step}", exc)
+                    trouble(f"could not fetch policy {fetched.step}", exc)
             if model is None or tok is None:
-                time.sleep(cfg.worker.poll_seconds)
+                _pause(prefetch, cfg.worker.poll_seconds)
                 continue
             try:
                 answer = client.assignment(policy_step)
@@ -434,7 +408,7 @@ def run_worker(
             work = answer.assignment
             if work is None:
                 log.debug("no assignment: %s", answer.reason)
-                time.sleep(answer.retry_seconds or cfg.worker.poll_seconds)
+                _pause(prefetch, answer.retry_seconds or cfg.worker.poll_seconds)
                 continue
             holding.add(work.id)
             member.nudge()
@@ -458,6 +432,7 @@ def run_worker(
             sys.exception(), SystemExit | KeyboardInterrupt
         ):
             uploader.stopped.set()
+        prefetch.close()
         try:
             finisher.close()
         finally:
