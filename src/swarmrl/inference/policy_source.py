@@ -24,6 +24,13 @@ from swarmrl.shardcast.client import FetchError, FetchResult, fetch, resolve_ver
 
 log = logging.getLogger("swarmrl.worker")
 
+# A checkpoint is announced a moment before the relays have mirrored it. The background
+# fetch looks for it this long, this often (a relay checks its upstream every 0.2 s by
+# default), so the worker starts fetching as soon as a relay lists it rather than at
+# its next look between assignments.
+LISTING_WAIT_SECONDS = 5.0
+LISTING_POLL_SECONDS = 0.2
+
 
 class PolicySource:
     """Fetches announced checkpoints through SHARDCAST into the worker's policy cache."""
@@ -36,13 +43,18 @@ class PolicySource:
         # policies fetched by route: "delta" (rebuilt from the one held) or "full"
         self.fetches: dict[str, int] = {}
 
-    def fetch(self, servers: list[str], checkpoint: api.CheckpointInfo) -> FetchResult:
+    def fetch(
+        self, servers: list[str], checkpoint: api.CheckpointInfo, wait_s: float = 0.0
+    ) -> FetchResult:
         """Fetch and verify the announced checkpoint (safe off the worker's thread: it
-        touches only the cache); raises FetchError when the servers do not hold it (yet)
-        or hold other bytes than the orchestrator announced."""
+        touches only the cache); raises FetchError when the servers do not hold it (after
+        ``wait_s`` seconds of looking, every ``LISTING_POLL_SECONDS``) or hold other bytes
+        than the orchestrator announced."""
         if not servers:
             raise FetchError("the orchestrator names no relay and no origin to fetch from")
-        listed = resolve_version(servers, checkpoint.step, timeout=self.timeout).entry.blake3
+        listed = resolve_version(
+            servers, checkpoint.step, self.timeout, wait_s, LISTING_POLL_SECONDS
+        ).entry.blake3
         if listed != checkpoint.blake3:
             raise FetchError(
                 f"checkpoint {checkpoint.step} is listed with BLAKE3 {listed} on "
@@ -98,7 +110,9 @@ class Prefetch:
         if self._future is not None:
             raise RuntimeError(f"policy {self.checkpoint} is still being fetched")
         self.checkpoint = checkpoint
-        self._future = self._pool.submit(self.source.fetch, servers, checkpoint)
+        self._future = self._pool.submit(
+            self.source.fetch, servers, checkpoint, LISTING_WAIT_SECONDS
+        )
 
     def wait(self, timeout: float | None = None) -> None:
         """Until the fetch in flight is done, at most ``timeout`` seconds (none: return)."""

@@ -86,9 +86,14 @@ def _describe(listings: dict[str, Listing | Exception]) -> str:
 
 
 def resolve_version(
-    servers: list[str], version: int | None, timeout: float = 10.0, wait_s: float = 0.0
+    servers: list[str],
+    version: int | None,
+    timeout: float = 10.0,
+    wait_s: float = 0.0,
+    poll_s: float = 0.5,
 ) -> VersionSource:
-    """Find ``version`` (None: the newest) on ``servers``; poll up to ``wait_s`` seconds for it."""
+    """Find ``version`` (None: the newest) on ``servers``; poll every ``poll_s`` seconds, up
+    to ``wait_s`` seconds, for it."""
     servers = [normalize_server(s) for s in servers]
     deadline = time.monotonic() + wait_s
     while True:
@@ -102,7 +107,7 @@ def resolve_version(
         holders = {s: entries[wanted] for s, entries in listed.items() if wanted in entries}
         if holders or time.monotonic() >= deadline:
             break
-        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
     if wanted is None or not holders:
         what = f"v{version}" if version is not None else "any version"
         raise VersionUnavailableError(f"no server lists {what}: {_describe(listings)}")
