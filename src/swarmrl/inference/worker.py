@@ -68,6 +68,10 @@ log = logging.getLogger("swarmrl.worker")
 POLICY_TROUBLE = (OSError, RuntimeError, ValueError)
 # How long an announced checkpoint may be missing from the relays before it is trouble.
 UNLISTED_GRACE_SECONDS = 30.0
+# How long a worker holding a policy waits for a newer one being fetched before it
+# generates with the one it holds: on loopback or a LAN the fetch ends within this and
+# the samples are a policy fresher; on a slow link it costs at most this per checkpoint.
+FRESH_WAIT_SECONDS = 0.3
 
 
 @dataclass(frozen=True)
@@ -360,6 +364,10 @@ def run_worker(
                     view.checkpoint_servers(with_origin=cfg.shardcast.workers_fetch_origin),
                     announced,
                 )
+                # Once per fetch, a short wait: on a fast link the new policy is in by
+                # then and the samples are a policy fresher; on a slow one the worker
+                # goes on with the policy it holds.
+                prefetch.wait(FRESH_WAIT_SECONDS)
             if model is None:
                 prefetch.wait()  # nothing to generate with until the first policy is in
             if prefetch.ready:
