@@ -50,6 +50,10 @@ class SwarmParams:
     file_sigma: float = 0.1
     finish_seconds: float = 0.05  # proofs + write, off the generation loop
     load_seconds: float = 0.2  # load a fetched checkpoint
+    # False: the loop blocks while it fetches (the worker the calibration measured, before
+    # 2026-12-06); True: it fetches beside generation and swaps the policy in at its next
+    # request (inference/policy_source.py), the worker today.
+    background_fetch: bool = False
     worker_poll: float = 0.2  # worker.poll_seconds
     group_yield: float = 0.6  # share of groups with signal
     file_bytes: float = 48e3

@@ -2,9 +2,10 @@
 validator, churn and cheaters, and the figures they leave.
 
 A worker runs the loop of `inference/worker.py`: before each request it looks at the
-newest announced checkpoint; a newer one that its relays list is fetched (the loop
-blocks meanwhile; a delta when it holds the version before, full shards otherwise),
-then loaded; it asks the `Pool` for an assignment with the policy it holds, generates
+newest announced checkpoint; a newer one that its relays list is fetched (a delta when
+it holds the version before, full shards otherwise), then loaded: the loop blocks
+meanwhile, or with `background_fetch` goes on generating with the policy it holds and
+takes the new one at its next request; it asks the `Pool` for an assignment with the policy it holds, generates
 it, and hands the file to its finisher (one file in flight: proofs, write, upload, off
 the loop); with nothing to do it sleeps the answer's `retry_seconds`. A relay polls
 its upstream every `relay_poll` seconds and mirrors a version it lacks (full shards,
@@ -43,6 +44,7 @@ class Worker:
     leaving: bool = False
     policy: int = -1  # the policy it generates with
     fetching: bool = False
+    blocked: bool = False  # its loop waits for the fetch (blocking, or no policy yet)
     finisher_free: float = 0.0  # when the file in flight is delivered
     retry_fetch: float = 0.0
     life: int = 0  # bumped at death: stale events of a dead worker do nothing
@@ -260,10 +262,13 @@ class Swarm:
             listing: list[Relay | None] = (
                 list(self.holders.get(newest, [])) if self.relays else [None]
             )
-            if listing:
+            if listing and not w.fetching:
                 self.fetch(w, newest, listing[int(self.rng.integers(len(listing)))])
-                return
-            w.retry_fetch = self.clock.now + self.p.worker_poll  # not listed yet
+                if not self.p.background_fetch or w.policy < 0:
+                    w.blocked = True  # `loaded` wakes it
+                    return
+            elif not listing:
+                w.retry_fetch = self.clock.now + self.p.worker_poll  # not listed yet
         if w.policy < 0:
             self.waiting.setdefault(newest, []).append(w)
             return
@@ -325,10 +330,13 @@ class Swarm:
         w.fetching = False
         if life != w.life:
             return
-        w.policy = step
+        w.policy = max(w.policy, step)
         if step >= self.p.warmup_steps:
             self.fig.loaded_after.append(self.clock.now - self.announced_at[step])
-        self.wake(w, life)
+        if w.blocked:
+            w.blocked = False
+            self.wake(w, life)
+        # else: a background fetch; the loop generating meanwhile takes it at its next wake
 
     def generated(self, w: Worker, life: int, work: api.AssignmentInfo, policy: int) -> None:
         if life != w.life:
