@@ -112,6 +112,21 @@ def test_a_run_is_a_function_of_its_seed_and_trains_only_live_samples(tmp_path):
     assert c.step_seconds != a.step_seconds
 
 
+def test_a_worker_fetching_in_the_background_generates_meanwhile(tmp_path):
+    """`background_fetch` (the worker today): a worker holding a policy goes on generating
+    while the next one downloads, so some samples come from the older one, still within
+    the async bound and only live samples trained. Blocking (the calibrated worker), the
+    same seed trains only what the bound lets it; both finish their steps."""
+    runs = {}
+    for bg in (False, True):
+        fig, swarm = run_small(tmp_path, background_fetch=bg, steps=4)
+        assert swarm.step == 5 and fig.samples_trained == 5 * 128
+        assert fig.samples_trained <= fig.samples_accepted
+        assert all(0 <= k <= 2 for k in fig.staleness)
+        runs[bg] = fig
+    assert runs[True] != runs[False]  # the loop differs, so does the run
+
+
 @pytest.mark.slow  # one small run
 def test_a_validated_cheater_is_caught_before_any_of_its_samples_is_trained(tmp_path):
     """Every file validated (a chosen file is trained only once accepted): the cheaters'
