@@ -10,10 +10,11 @@ when complete, so a reader never sees half of one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import torch
@@ -72,32 +73,41 @@ def write_rounded_copy(src: Path, dest: Path, dtype: torch.dtype = torch.bfloat1
     Written under a temporary name and renamed, like a checkpoint.
     """
     src, dest = Path(src), Path(dest)
-    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    name = str(dtype).removeprefix("torch.")
+    with _written_whole(dest) as tmp:
+        for entry in sorted(src.iterdir()):
+            if entry.suffix == ".safetensors":
+                weights = {
+                    key: (t.to(dtype) if t.is_floating_point() else t).contiguous()
+                    for key, t in load_file(entry).items()
+                }
+                save_file(weights, tmp / entry.name, metadata={"format": "pt"})
+            elif entry.name == "config.json":
+                config = json.loads(entry.read_text())
+                for key in ("dtype", "torch_dtype"):
+                    if key in config:
+                        config[key] = name
+                config.setdefault("dtype", name)
+                (tmp / entry.name).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+            elif entry.is_file():
+                shutil.copy2(entry, tmp / entry.name)
+            else:
+                raise ValueError(f"cannot round {src}: {entry.name} is not a file")
+    return dest
+
+
+@contextlib.contextmanager
+def _written_whole(final: Path) -> Iterator[Path]:
+    """An empty temporary folder beside ``final`` to fill; once the body is done it is
+    renamed to ``final`` (replacing it), so a reader never sees half of one. On an error
+    the temporary folder stays and ``final`` is untouched."""
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    name = str(dtype).removeprefix("torch.")
-    for entry in sorted(src.iterdir()):
-        if entry.suffix == ".safetensors":
-            weights = {
-                key: (t.to(dtype) if t.is_floating_point() else t).contiguous()
-                for key, t in load_file(entry).items()
-            }
-            save_file(weights, tmp / entry.name, metadata={"format": "pt"})
-        elif entry.name == "config.json":
-            config = json.loads(entry.read_text())
-            for key in ("dtype", "torch_dtype"):
-                if key in config:
-                    config[key] = name
-            config.setdefault("dtype", name)
-            (tmp / entry.name).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        elif entry.is_file():
-            shutil.copy2(entry, tmp / entry.name)
-        else:
-            raise ValueError(f"cannot round {src}: {entry.name} is not a file")
-    if dest.exists():
-        shutil.rmtree(dest)
-    os.replace(tmp, dest)
-    return dest
+    yield tmp
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
 
 
 def trainer_state_path(root: Path, step: int) -> Path:
@@ -114,13 +124,9 @@ def save_checkpoint(
     (the sharded trainer gathers them on rank 0); by default the model's own.
     """
     final = checkpoint_dir(root, step)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, state_dict=state_dict)
-    tokenizer.save_pretrained(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    with _written_whole(final) as tmp:
+        model.save_pretrained(tmp, state_dict=state_dict)
+        tokenizer.save_pretrained(tmp)
     return final
 
 

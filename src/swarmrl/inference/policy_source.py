@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from pathlib import Path
@@ -118,6 +119,14 @@ class Prefetch:
         """Until the fetch in flight is done, at most ``timeout`` seconds (none: return)."""
         if self._future is not None:
             wait_for([self._future], timeout=timeout)
+
+    def pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less if the policy being fetched arrives first: it may be
+        what the pool is waiting for."""
+        if self._future is not None:
+            wait_for([self._future], timeout=seconds)
+        else:
+            time.sleep(seconds)
 
     def take(self) -> FetchResult:
         """The finished fetch's result, or the exception it raised; the slot is free again."""

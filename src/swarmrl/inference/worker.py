@@ -110,15 +110,6 @@ class WorkerCounts:
     abandoned: int = 0
 
 
-def _pause(prefetch: Prefetch, seconds: float) -> None:
-    """Wait ``seconds``, or less if the policy being fetched arrives first: it may be what
-    the pool is waiting for."""
-    if prefetch.busy:
-        prefetch.wait(seconds)
-    else:
-        time.sleep(seconds)
-
-
 class Uploader:
     """Delivers outbox files to the orchestrator (called from the finisher's thread).
 
@@ -403,7 +394,7 @@ def run_worker(
                 except POLICY_TROUBLE as exc:
                     trouble(f"could not fetch policy {fetched.step}", exc)
             if model is None or tok is None:
-                _pause(prefetch, cfg.worker.poll_seconds)
+                prefetch.pause(cfg.worker.poll_seconds)
                 continue
             try:
                 answer = client.assignment(policy_step)
@@ -416,7 +407,7 @@ def run_worker(
             work = answer.assignment
             if work is None:
                 log.debug("no assignment: %s", answer.reason)
-                _pause(prefetch, answer.retry_seconds or cfg.worker.poll_seconds)
+                prefetch.pause(answer.retry_seconds or cfg.worker.poll_seconds)
                 continue
             holding.add(work.id)
             member.nudge()
