@@ -12,7 +12,14 @@ What is the same as `swarmrl run`:
 - task and prompts: the configured task's training problems, rendered by the task's own
   `render_prompt`, each with a target length drawn from `task.target_lengths`;
 - reward: the task's verifier minus `task.length_alpha`·|target − completion length|
-  (`swarmrl.rewards.score_sample`; the length counts the EOS token, as the workers do);
+  (`swarmrl.rewards.score_sample`, with `task.length_shaping`; the length counts the EOS
+  token, as the workers do);
+- advantages by `task.advantage_mode`: joint is TRL's group-std advantage of the total
+  reward; decoupled gives TRL two reward functions (the task reward and the negated
+  length penalty) aggregated with `multi_objective_aggregation="normalize_then_sum"`
+  (each normalized within its group and summed: GDPO, which TRL then normalizes over
+  the batch where swarmrl normalizes the sum within the group again); centered is
+  `scale_rewards="none"` (the total reward less its group mean);
 - sampling: temperature, top_p, `max_new_tokens`, group size G; the loss divides logits
   by the same temperature;
 - budget: `trainer.steps` generation batches of `trainer.batch_samples` samples
@@ -100,13 +107,14 @@ class SwarmReward(TrainerCallback):
 
     __name__ = "swarmrl_reward"  # TRL names the reward's log entries after it
 
-    def __init__(self, task: Task, alpha: float, optimizer_steps: int, metrics: Path) -> None:
-        self.task, self.alpha, self.optimizer_steps, self.metrics = (
-            task,
-            alpha,
-            optimizer_steps,
-            metrics,
-        )
+    def __init__(self, task: Task, cfg: RunConfig, metrics: Path) -> None:
+        self.task, self.metrics = task, metrics
+        self.alpha, self.shaping = cfg.task.length_alpha, cfg.task.length_shaping
+        self.optimizer_steps = cfg.trainer.optimizer_steps
+        # Decoupled advantages: this function returns the task reward alone and
+        # `LengthPart` the negated length penalty, which TRL normalizes apart.
+        self.decoupled = cfg.task.advantage_mode == "decoupled"
+        self.penalties: list[float] = []
         self.pending: dict | None = None
         self.steps = 0
 
@@ -117,8 +125,12 @@ class SwarmReward(TrainerCallback):
         ):
             problem = self.task.train_problem(int(index))
             goal = int(t) if int(t) >= 0 else None
-            r = score_sample(self.task.score(problem, text), goal, len(ids), self.alpha)
+            r = score_sample(
+                self.task.score(problem, text), goal, len(ids), self.alpha, self.shaping
+            )
             rewards.append(r.total)
+            if self.decoupled:
+                self.penalties.append(r.length_penalty)
             task_rewards.append(r.task_reward)
             if goal is not None:
                 errors.append(abs(goal - len(ids)))
@@ -128,7 +140,7 @@ class SwarmReward(TrainerCallback):
             "task_reward": sum(task_rewards) / len(task_rewards),
             "length_error": sum(errors) / len(errors) if errors else float("nan"),
         }
-        return rewards
+        return task_rewards if self.decoupled else rewards
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % self.optimizer_steps == 0 and self.pending is not None:
@@ -138,6 +150,33 @@ class SwarmReward(TrainerCallback):
             self.steps += 1
             self.pending = None
         return control
+
+
+class LengthPart:
+    """TRL's second reward function under decoupled advantages: the negated length
+    penalties `SwarmReward` computed for the same completions (TRL calls the functions
+    in order, on one batch)."""
+
+    __name__ = "swarmrl_length"
+
+    def __init__(self, reward: SwarmReward) -> None:
+        self.reward = reward
+
+    def __call__(self, prompts, completions, **_) -> list:
+        penalties = self.reward.penalties
+        if len(penalties) != len(completions):
+            raise RuntimeError("the length part was called out of step with the task reward")
+        self.reward.penalties = []
+        return [-p for p in penalties]
+
+
+def advantage_settings(mode: str) -> dict:
+    """`task.advantage_mode` in GRPOConfig's terms (module docstring)."""
+    if mode == "decoupled":
+        return {"scale_rewards": "group", "multi_objective_aggregation": "normalize_then_sum"}
+    if mode == "centered":
+        return {"scale_rewards": "none"}
+    return {"scale_rewards": "group"}
 
 
 def grpo_config(cfg: RunConfig, out: Path) -> GRPOConfig:
@@ -179,7 +218,7 @@ def grpo_config(cfg: RunConfig, out: Path) -> GRPOConfig:
         delta=t.delta,
         beta=0.0,
         loss_type="dr_grpo",
-        scale_rewards="group",
+        **advantage_settings(cfg.task.advantage_mode),
         entropy_coef=t.entropy_coef,
         seed=t.seed,
         data_seed=cfg.seed,
@@ -219,10 +258,10 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(start_model)
     model = AutoModelForCausalLM.from_pretrained(start_model, dtype=torch.float32)
-    reward = SwarmReward(task, cfg.task.length_alpha, cfg.trainer.optimizer_steps, metrics)
+    reward = SwarmReward(task, cfg, metrics)
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=reward,
+        reward_funcs=[reward, LengthPart(reward)] if reward.decoupled else reward,
         args=grpo_config(cfg, args.out),
         train_dataset=training_prompts(task, cfg),
         processing_class=tokenizer,

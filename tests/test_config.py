@@ -1,5 +1,6 @@
 """Configuration: TOML + flags, and one-line errors naming the field."""
 
+import math
 import subprocess
 import sys
 
@@ -122,8 +123,9 @@ def test_length_alpha_sets_the_rewards_coefficient(tmp_path):
     toml.write_text("[task]\nlength_alpha = 0.05\n")
     cfg = load_config(toml)
     assert cfg.task.length_alpha == 0.05
-    reward = score_sample(1.0, 40, 32, cfg.task.length_alpha)
-    assert reward.length_penalty == pytest.approx(0.4) and reward.total == pytest.approx(0.6)
+    reward = score_sample(1.0, 40, 32, cfg.task.length_alpha, cfg.task.length_shaping)
+    assert reward.total == pytest.approx(math.exp(-0.4))  # task reward × e^(−α·|Δ|)
+    assert reward.length_penalty == pytest.approx(1 - math.exp(-0.4))
     assert load_config().task.length_alpha == 0.2  # the embedded default
 
 

@@ -97,6 +97,9 @@ class Pool:
                 "trainer.batch_samples": GROUP,
                 "trainer.optimizer_steps": 1,
                 "shardcast.keep": 2,
+                # The model here is random and answers nothing right: only a subtracted
+                # length penalty gives its groups a spread of rewards.
+                "task.length_shaping": "subtract",
             }
             | self.run_flags,
         )
@@ -121,7 +124,14 @@ class Pool:
             top_p=self.cfg.sampling.top_p,
         )
         return generate_rollouts(
-            self.model, self.tok, self.task, plan, params, a.step, self.cfg.task.length_alpha
+            self.model,
+            self.tok,
+            self.task,
+            plan,
+            params,
+            a.step,
+            self.cfg.task.length_alpha,
+            length_shaping=self.cfg.task.length_shaping,
         ).columns
 
     def upload(self, a: api.AssignmentInfo, cols: dict) -> api.SubmissionInfo:
@@ -204,6 +214,7 @@ def test_inflated_advantages_are_trained_with_the_recomputed_values(pool, model_
             [len(o) for o in rows.output_tokens],
             alpha=pool.cfg.task.length_alpha,
             group_size=GROUP,
+            shaping=pool.cfg.task.length_shaping,
         )
         assert np.allclose(rows.rewards, totals, atol=1e-6)
         assert np.allclose(rows.advantages, advantages, atol=1e-5)
@@ -265,7 +276,12 @@ def test_a_file_voided_after_it_was_read_is_not_trained(tmp_path, model_dir):
 def test_group_advantages_are_recomputed_from_verified_rewards():
     # Two groups of 2: the second has no signal (equal rewards) and zero advantages.
     penalties, totals, advantages = recompute_values(
-        [1.0, 0.0, 1.0, 1.0], [4, -1, 4, 4], [6, 3, 4, 4], alpha=0.5, group_size=2
+        [1.0, 0.0, 1.0, 1.0],
+        [4, -1, 4, 4],
+        [6, 3, 4, 4],
+        alpha=0.5,
+        group_size=2,
+        shaping="subtract",
     )
     assert penalties == [1.0, 0.0, 0.0, 0.0]
     assert totals == [0.0, 0.0, 1.0, 1.0]

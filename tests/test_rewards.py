@@ -13,15 +13,27 @@ from swarmrl.rewards import (
 
 
 def test_length_penalty():
-    assert length_penalty(40, 32, 0.02) == pytest.approx(0.16)
-    assert length_penalty(32, 40, 0.02) == pytest.approx(0.16)
-    assert length_penalty(1000, 1000, 3e-4) == 0.0
-    assert length_penalty(-1, 500, 0.02) == 0.0  # no target in the prompt
-    assert length_penalty(None, 500, 0.02) == 0.0
+    def sub(*args):
+        return length_penalty(*args, shaping="subtract")
+
+    assert sub(40, 32, 0.02) == pytest.approx(0.16)
+    assert sub(32, 40, 0.02) == pytest.approx(0.16)
+    assert sub(1000, 1000, 3e-4) == 0.0
+    assert sub(-1, 500, 0.02) == 0.0  # no target in the prompt
+    assert sub(None, 500, 0.02) == 0.0
 
 
-def test_reward_is_task_reward_minus_penalty():
-    r = score_sample(1.0, 44, 33, 0.02)
+def test_the_default_shaping_is_scale_everywhere():
+    """The configuration and every function that takes a shaping agree on the default."""
+    from swarmrl.config import RunConfig
+
+    assert RunConfig().task.length_shaping == "scale"
+    assert score_sample(1.0, 41, 50, 0.2).total == pytest.approx(np.exp(-1.8))
+    assert length_penalty(41, 50, 0.2) == 0.0  # scale: no task reward, nothing to take
+
+
+def test_subtracted_reward_is_task_reward_minus_penalty():
+    r = score_sample(1.0, 44, 33, 0.02, "subtract")
     assert r.task_reward == 1.0
     assert r.length_penalty == pytest.approx(0.22)
     assert r.total == pytest.approx(0.78)
@@ -59,7 +71,10 @@ def test_scaled_length_shaping_multiplies_the_task_reward():
     assert score_sample(0.5, 41, 42, 0.2, "scale").total == pytest.approx(0.5 * np.exp(-0.2))
     assert length_penalty(None, 50, 0.2, task_reward=1.0, shaping="scale") == 0.0
     # the paper's subtraction ranks them the other way round
-    assert score_sample(1.0, 41, 50, 0.2).total < score_sample(0.0, 41, 41, 0.2).total
+    assert (
+        score_sample(1.0, 41, 50, 0.2, "subtract").total
+        < score_sample(0.0, 41, 41, 0.2, "subtract").total
+    )
 
 
 def test_decoupled_advantages_normalize_correctness_and_length_apart():

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
 
 import numpy as np
 import torch
 
 from helpers import random_model
+from pool_fixtures import make_pool
 from swarmrl.generation.fast_llama import length_batches
 from swarmrl.rewards import group_advantages
 from swarmrl.rollouts import Rollouts
@@ -126,9 +128,12 @@ def test_values_check_recomputes_penalties_rewards_and_advantages():
         alpha=0.02,
         group_size=4,
         tolerance=1e-5,
+        shaping="subtract",
     ).passed
     inflated = _rows([honest_rewards[0] + 0.3, *honest_rewards[1:]], task, targets, lengths)
-    result = checks.check_values(inflated, task, alpha=0.02, group_size=4, tolerance=1e-5)
+    result = checks.check_values(
+        inflated, task, alpha=0.02, group_size=4, tolerance=1e-5, shaping="subtract"
+    )
     assert (
         not result.passed
         and result.failures[0].sample == 0
@@ -137,7 +142,9 @@ def test_values_check_recomputes_penalties_rewards_and_advantages():
     # A worker claiming a task reward the verifier does not give:
     lying = _rows(honest_rewards, [1.0, 1.0, 1.0, 0.0], targets, lengths)
     assert (
-        checks.check_values(lying, task, alpha=0.02, group_size=4, tolerance=1e-5)
+        checks.check_values(
+            lying, task, alpha=0.02, group_size=4, tolerance=1e-5, shaping="subtract"
+        )
         .failures[0]
         .sample
         == 1
@@ -145,7 +152,9 @@ def test_values_check_recomputes_penalties_rewards_and_advantages():
     nan = _rows(honest_rewards, task, targets, lengths)
     nan.advantages[2] = float("nan")
     assert (
-        checks.check_values(nan, task, alpha=0.02, group_size=4, tolerance=1e-5).failures[0].sample
+        checks.check_values(nan, task, alpha=0.02, group_size=4, tolerance=1e-5, shaping="subtract")
+        .failures[0]
+        .sample
         == 2
     )
 
@@ -379,3 +388,56 @@ def test_surprisal_test_rejects_colder_and_weaker_sampling_and_bounds_honest_rej
     # honest files: the bound holds whatever the tails, so at alpha = 0.05 well under 5%
     honest = [sampling_statistics([file(q[:300])], [0]).surprisal_p for _ in range(200)]
     assert sum(p < 0.05 for p in honest) <= 10
+
+
+def test_validator_waits_out_the_rate_limit_and_ends_with_the_run(tmp_path, monkeypatch):
+    """A validator over its rate limit (429) waits and asks again instead of exiting; it
+    returns once the trainer announces the final checkpoint."""
+    import threading
+
+    from swarmrl.config import load_config
+    from swarmrl.validator import service
+
+    pool = make_pool(tmp_path, rate_per_second=2.0, rate_burst=3, heartbeat_seconds=0.5)
+    try:
+        cfg = load_config(
+            None,
+            {
+                "run_name": "test",  # the pool's recipe (make_pool)
+                "worker.prompts_per_file": 2,
+                "sampling.group_size": 2,
+                "trainer.batch_samples": 8,
+                "output_dir": str(tmp_path / "out"),
+                "validator.poll_seconds": 0.01,  # asks far faster than 2 requests a second
+            },
+        )
+        refusals: list[str] = []
+        asked = service.PoolClient.next_for_validation
+
+        def counting(client):
+            try:
+                return asked(client)
+            except service.PoolRefused as exc:
+                refusals.append(exc.code)
+                raise
+
+        result: list = []
+        client = pool.client(pool.keys["validator"])
+        thread = threading.Thread(target=lambda: result.append(service.run_validator(cfg, client)))
+        # The real request, its refusals counted.
+        monkeypatch.setattr(service.PoolClient, "next_for_validation", counting)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while "rate_limited" not in refusals:
+            assert time.monotonic() < deadline, "never over the rate limit"
+            assert thread.is_alive(), "the validator exited"
+            time.sleep(0.05)
+        time.sleep(1.5)  # it waits, then asks again
+        assert thread.is_alive()
+        pool.trainer.announce_checkpoint(0, "ab" * 32, final=True)
+        thread.join(timeout=60)
+        assert not thread.is_alive() and result == [
+            {"accepted": 0, "rejected": 0, "unusable": 0, "skipped": 0}
+        ]
+    finally:
+        pool.stop()

@@ -28,9 +28,13 @@ class Reward:
 
 # How the length target shapes the reward (the run's ``task.length_shaping``):
 # "subtract": reward = task reward - alpha * |target - length| (the paper's);
-# "scale": reward = task reward * exp(-alpha * |target - length|): the length only ranks
-# samples of equal task reward, so no length makes up for a wrong answer (docs/trainer.md).
+# "scale" (the default): reward = task reward * exp(-alpha * |target - length|): the length
+# only ranks samples of equal task reward, so no length makes up for a wrong answer
+# (docs/trainer.md).
 LengthShaping = Literal["subtract", "scale"]
+# The default: "scale" kept every measured run's training reward above 0.7 after step 10
+# (docs/trainer.md); every function here and the configuration default to it alike.
+DEFAULT_SHAPING: LengthShaping = "scale"
 
 
 def length_penalty(
@@ -39,7 +43,7 @@ def length_penalty(
     alpha: float,
     *,
     task_reward: float = 0.0,
-    shaping: LengthShaping = "subtract",
+    shaping: LengthShaping = DEFAULT_SHAPING,
 ) -> float:
     """What the length target takes off the task reward; zero when the prompt has no
     target (target None or < 0). ``subtract``: alpha * |target - length|; ``scale``:
@@ -60,7 +64,7 @@ def score_sample(
     target_length: int | None,
     completion_length: int,
     alpha: float,
-    shaping: LengthShaping = "subtract",
+    shaping: LengthShaping = DEFAULT_SHAPING,
 ) -> Reward:
     return Reward(
         task_reward=task_reward,

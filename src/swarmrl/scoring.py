@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 
 from swarmrl.assignment import assign_from_seed
 from swarmrl.config import RunConfig
-from swarmrl.rewards import AdvantageMode, LengthShaping, length_penalty, shaped_advantages
+from swarmrl.rewards import (
+    DEFAULT_SHAPING,
+    AdvantageMode,
+    LengthShaping,
+    length_penalty,
+    shaped_advantages,
+)
 from swarmrl.rollouts import Rollouts
 from swarmrl.tasks.base import Problem, Task
 
@@ -148,7 +154,7 @@ def check_values(
     alpha: float,
     group_size: int,
     tolerance: float,
-    shaping: LengthShaping = "subtract",
+    shaping: LengthShaping = DEFAULT_SHAPING,
     advantage_mode: AdvantageMode = "joint",
 ) -> CheckResult:
     """Task rewards (recomputed by the caller), length penalties, totals and group advantages."""

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from swarmrl.rewards import AdvantageMode, LengthShaping
+from swarmrl.rewards import DEFAULT_SHAPING, AdvantageMode, LengthShaping
 from swarmrl.toploc.thresholds import TOPLOC_PRESETS
 
 logger = logging.getLogger(__name__)
@@ -66,10 +66,10 @@ class TaskConfig(_Section):
         0, ge=0, description="steps over which alpha moves from length_alpha_start to length_alpha"
     )
     length_shaping: LengthShaping = Field(
-        "subtract",
-        description="subtract: reward = task reward - alpha*|target - length| (the paper's); "
-        "scale: reward = task reward * exp(-alpha*|target - length|), so the length only ranks "
-        "samples of equal task reward",
+        DEFAULT_SHAPING,
+        description="scale (default): reward = task reward * exp(-alpha*|target - length|), so "
+        "the length only ranks samples of equal task reward; subtract: reward = task reward - "
+        "alpha*|target - length| (the paper's)",
     )
     advantage_mode: AdvantageMode = Field(
         "joint",

@@ -15,6 +15,7 @@ import torch
 from swarmrl.assignment import Assignment
 from swarmrl.generation.sampler import Generation, SamplingParams, sample
 from swarmrl.rewards import (
+    DEFAULT_SHAPING,
     AdvantageMode,
     LengthShaping,
     has_signal,
@@ -49,7 +50,7 @@ def generate_rollouts(
     policy_step: int,
     length_alpha: float,
     capture_hidden: bool = True,
-    length_shaping: LengthShaping = "subtract",
+    length_shaping: LengthShaping = DEFAULT_SHAPING,
     advantage_mode: AdvantageMode = "joint",
     proofs: bool = True,
     sampler: Sampler = sample,

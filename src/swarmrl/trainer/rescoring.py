@@ -19,7 +19,13 @@ from typing import Any
 import numpy as np
 
 from swarmrl.config import RunConfig
-from swarmrl.rewards import AdvantageMode, LengthShaping, length_penalty, shaped_advantages
+from swarmrl.rewards import (
+    DEFAULT_SHAPING,
+    AdvantageMode,
+    LengthShaping,
+    length_penalty,
+    shaped_advantages,
+)
 from swarmrl.rollouts import RolloutFileError, RolloutMeta, Rollouts
 from swarmrl.scoring import check_assignment, check_values, completion_text, expected_prompts
 from swarmrl.tasks.base import Task
@@ -37,7 +43,7 @@ def recompute_values(
     *,
     alpha: float,
     group_size: int,
-    shaping: LengthShaping = "subtract",
+    shaping: LengthShaping = DEFAULT_SHAPING,
     advantage_mode: AdvantageMode = "joint",
 ) -> tuple[list[float], list[float], list[float]]:
     """Length penalties, total rewards and group advantages from verified task rewards;

@@ -38,7 +38,7 @@ from swarmrl.config import RunConfig
 from swarmrl.jsonl import read_jsonl
 from swarmrl.protocol import PoolClient, PoolRefused, PoolUnreachable, recipe
 from swarmrl.protocol import models as api
-from swarmrl.protocol.membership import Membership
+from swarmrl.protocol.membership import Membership, retryable
 from swarmrl.rollouts import AssignmentKey, RolloutFileError, SeenFiles, read_meta
 from swarmrl.runfolder import RunFolder
 from swarmrl.shardcast.client import FetchError, fetch
@@ -48,6 +48,9 @@ from swarmrl.validator.settings import ValidatorSettings
 from swarmrl.validator.verdict import Status, Verdict, judge_file
 
 log = logging.getLogger("swarmrl.validator")
+# Pause before asking the orchestrator again after an answer worth retrying (unreachable,
+# a 5xx, 429 over the rate limit).
+RETRY_SECONDS = 1.0
 
 
 def read_verdicts(run_dir: Path) -> list[dict]:
@@ -162,8 +165,13 @@ def run_validator(cfg: RunConfig, client: PoolClient) -> dict[str, int]:
             policies.servers = view.checkpoint_servers(with_origin=True)
             try:
                 handed = client.next_for_validation()
-            except PoolUnreachable as exc:
-                log.warning("%s; trying again", exc)
+            except (PoolRefused, PoolUnreachable) as exc:
+                if not retryable(exc):
+                    raise
+                # Unreachable, a 5xx, or over the rate limit (a fast validator can be):
+                # wait, then ask again.
+                log.warning("%s; trying again in %.1f s", exc, RETRY_SECONDS)
+                time.sleep(RETRY_SECONDS)
                 continue
             if handed.submission is None:
                 if view.finished:
@@ -174,6 +182,8 @@ def run_validator(cfg: RunConfig, client: PoolClient) -> dict[str, int]:
                 record = judge_submission(client, handed, cfg, policies, settings, task)
             except (PoolRefused, PoolUnreachable) as exc:
                 log.warning("submission %s: %s", handed.submission.file_hash, exc)
+                if retryable(exc):
+                    time.sleep(RETRY_SECONDS)  # its lease runs out; it is handed out again
                 continue
             with open(out_path, "a") as fh:
                 fh.write(json.dumps(record) + "\n")
