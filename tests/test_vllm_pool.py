@@ -64,6 +64,10 @@ def test_a_vllm_pool_trains_validates_and_catches_a_temperature_cheat(
             "false",
             "--eval_after",
             "false",
+            # The warm model rarely answers right: the subtracted length reward gives
+            # each group a signal (under the scaled one nearly all have none).
+            "--task.length_shaping",
+            "subtract",
         ],
         capture_output=True,
         text=True,
