@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,11 +23,36 @@ import pytest
 import torch
 
 from helpers import built_once
-from swarmrl.model.build import WarmStartRecipe, ensure_default_model
+from swarmrl.model.build import WarmStartRecipe, ensure_default_model, is_cached
 from swarmrl.runfolder import RunFolder
 
 # A brief warm start: the embedded model's architecture, fewer steps and a higher rate.
 WARM_RECIPE = WarmStartRecipe(steps=150, batch_size=32, lr=5e-3)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Build the two embedded models the suite runs on, where the cache lacks them, once
+    and before any test starts: in the xdist controller before its workers start (or in
+    the one process without xdist). Built inside a test they shared the two cores with
+    the other worker's swarms, and the default model's 500 steps (about 2 to 6 minutes
+    alone, by processor) could pass the 600 s test timeout (a failed CI of 798006e)."""
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller built them
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    for name, recipe in (
+        ("the embedded default model", WarmStartRecipe()),
+        ("the test model", WARM_RECIPE),
+    ):
+        if is_cached(recipe):
+            continue
+        if reporter is not None:
+            reporter.write_line(
+                f"building {name} once (kept in the model cache for later runs) ..."
+            )
+        started = time.monotonic()
+        ensure_default_model(recipe=recipe)
+        if reporter is not None:
+            reporter.write_line(f"built {name} in {time.monotonic() - started:.0f} s")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -531,8 +531,8 @@ CHAOS_KILLS = ("worker-0", "relay-0", "validator", "orchestrator", "trainer")
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
     """The embedded default model from the cache `swarmrl run` itself uses
-    ($SWARMRL_CACHE or ~/.cache/swarmrl); built there on first use (about 2 min on an
-    idle 2-core machine), then free."""
+    ($SWARMRL_CACHE or ~/.cache/swarmrl): built before the first test (conftest's
+    pytest_sessionstart), then free."""
     return ensure_default_model()
 
 

@@ -149,20 +149,29 @@ def build_default_model(
     return dest
 
 
+def cached_model_dir(recipe: WarmStartRecipe, cache_dir: Path | None = None) -> Path:
+    """Where the model of `recipe` is cached: named by a digest of the recipe."""
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    digest = hashlib.sha256(json.dumps(asdict(recipe), sort_keys=True).encode()).hexdigest()[:10]
+    return cache_dir / "models" / f"{MODEL_NAME}-{digest}"
+
+
+def is_cached(recipe: WarmStartRecipe = WarmStartRecipe(), cache_dir: Path | None = None) -> bool:
+    """Whether the model of `recipe` is built (its directory is renamed into place whole)."""
+    return (cached_model_dir(recipe, cache_dir) / "config.json").exists()
+
+
 def ensure_default_model(
     cache_dir: Path | None = None,
     recipe: WarmStartRecipe = WarmStartRecipe(),
     progress: Callable[[int, int, float], None] | None = None,
 ) -> Path:
     """The cached embedded model directory, built on first use (one builder at a time)."""
-    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-    digest = hashlib.sha256(json.dumps(asdict(recipe), sort_keys=True).encode()).hexdigest()[:10]
-    key = f"{MODEL_NAME}-{digest}"
-    dest = cache_dir / "models" / key
-    if (dest / "config.json").exists():
+    dest = cached_model_dir(recipe, cache_dir)
+    if is_cached(recipe, cache_dir):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with open(dest.parent / f".{key}.lock", "w") as lock:
+    with open(dest.parent / f".{dest.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (dest / "config.json").exists():
             build_default_model(dest, recipe, progress)
