@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import built_once
+from helpers import WARM_MODEL_FLAGS, built_once
 from swarmrl.model.build import WarmStartRecipe, ensure_default_model, is_cached
 from swarmrl.runfolder import RunFolder
 
@@ -35,7 +35,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     and before any test starts: in the xdist controller before its workers start (or in
     the one process without xdist). Built inside a test they shared the two cores with
     the other worker's swarms, and the default model's 500 steps (about 2 to 6 minutes
-    alone, by processor) could pass the 600 s test timeout (a failed CI of 798006e)."""
+    alone, by processor) could pass the 600 s test timeout."""
     if hasattr(session.config, "workerinput"):  # an xdist worker: the controller built them
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
@@ -126,10 +126,7 @@ def _run_two_cheaters(folder: Path, model: Path) -> None:
             "true",
             "--task.eval_size",
             "32",
-            # The warm model rarely answers right: the subtracted length reward gives
-            # each group a signal (under the scaled one nearly all have none).
-            "--task.length_shaping",
-            "subtract",
+            *WARM_MODEL_FLAGS,
         ],
         capture_output=True,
         text=True,

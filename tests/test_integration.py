@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 from sqlalchemy import select
 
+from helpers import WARM_MODEL_FLAGS
 from swarmrl.assignment import assign_from_seed
 from swarmrl.checkpoints import list_checkpoints, load_policy
 from swarmrl.config import load_config
@@ -44,11 +45,7 @@ SMALL = [
     "32",
     "--trainer.optimizer_steps",
     "2",
-    # The warm model rarely answers right: under the default scaled reward nearly every
-    # group has zero advantage and the trainer waits minutes for a batch. The subtracted
-    # length reward gives every group a signal.
-    "--task.length_shaping",
-    "subtract",
+    *WARM_MODEL_FLAGS,
 ]
 
 # Each test starts whole swarms of processes (minutes): `pytest -m "not slow"` skips them.

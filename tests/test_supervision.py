@@ -19,7 +19,7 @@ from rich.console import Console
 from sqlalchemy import select
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from helpers import built_once
+from helpers import WARM_MODEL_FLAGS, built_once
 from swarmrl.backoff import backoff_delay
 from swarmrl.cli import build_parser
 from swarmrl.config import (
@@ -316,11 +316,7 @@ SMALL = [
     "32",
     "--trainer.optimizer_steps",
     "2",
-    # The warm model rarely answers right: under the default scaled reward nearly every
-    # group has zero advantage and the trainer waits minutes for a batch. The subtracted
-    # length reward gives every group a signal.
-    "--task.length_shaping",
-    "subtract",
+    *WARM_MODEL_FLAGS,
 ]
 
 

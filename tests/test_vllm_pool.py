@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from helpers import vllm_only
+from helpers import WARM_MODEL_FLAGS, vllm_only
 from swarmrl.identity import load_identity
 from swarmrl.ledger import Ledger, check_ledger
 from swarmrl.ledger.models import Submission
@@ -64,10 +64,7 @@ def test_a_vllm_pool_trains_validates_and_catches_a_temperature_cheat(
             "false",
             "--eval_after",
             "false",
-            # The warm model rarely answers right: the subtracted length reward gives
-            # each group a signal (under the scaled one nearly all have none).
-            "--task.length_shaping",
-            "subtract",
+            *WARM_MODEL_FLAGS,
         ],
         capture_output=True,
         text=True,

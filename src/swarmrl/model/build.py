@@ -168,7 +168,7 @@ def ensure_default_model(
 ) -> Path:
     """The cached embedded model directory, built on first use (one builder at a time)."""
     dest = cached_model_dir(recipe, cache_dir)
-    if is_cached(recipe, cache_dir):
+    if (dest / "config.json").exists():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     with open(dest.parent / f".{dest.name}.lock", "w") as lock:
