@@ -44,9 +44,10 @@ def measure(run_dir: Path, target: Path, warm: Path) -> dict:
     """In this process: warm up on `warm`, then judge `target` once; time and peak memory."""
     import torch
 
-    from swarmrl.checkpoints import checkpoint_dir, load_policy
+    from swarmrl.checkpoints import load_policy
     from swarmrl.config import load_config
     from swarmrl.rollouts import SeenFiles
+    from swarmrl.runfolder import checkpoint_dir
     from swarmrl.tasks.registry import build_task
     from swarmrl.validator import ValidatorSettings, judge_file
 

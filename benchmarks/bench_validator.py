@@ -42,12 +42,12 @@ import torch
 from swarmrl.assignment import assign
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import load_config
-from swarmrl.generation.rollout import generate_rollouts, proof_column
+from swarmrl.generation.rollout import generate_rollouts
 from swarmrl.generation.sampler import SamplingParams
 from swarmrl.model.build import WarmStartRecipe, ensure_default_model
 from swarmrl.rollouts import RolloutMeta, SeenFiles, read_rollouts, write_rollouts
 from swarmrl.tasks.registry import build_task
-from swarmrl.toploc import bytes_to_proofs, verify_proofs, verify_proofs_batch
+from swarmrl.toploc import bytes_to_proofs, proof_column, verify_proofs, verify_proofs_batch
 from swarmrl.validator import Status, ValidatorSettings, judge_file, validate_rollouts
 from swarmrl.validator.prefill import recompute
 

@@ -5,6 +5,7 @@ invalidation, validation that workers cannot see, payouts when a step ends (once
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import pytest
@@ -18,7 +19,7 @@ from swarmrl.identity import Identity
 from swarmrl.ledger import JournalEntry, Ledger
 from swarmrl.protocol import PoolClient, PoolRefused
 from swarmrl.protocol import models as api
-from swarmrl.protocol.membership import ejected
+from swarmrl.protocol.membership import Membership, ejected
 
 BLAKE = "ab" * 32
 # Near zero, not zero: nothing is chosen at the base rate, but the higher rates apply
@@ -111,6 +112,35 @@ def test_a_worker_registers_by_locking_its_stake(tmp_path, backend, owner, capsy
         assert "the most one balance may hold" in refused(lambda: rich.fund(owner.address, 1), 422)
         assert p.ledger_problems() == []
     finally:
+        p.stop()
+
+
+def test_a_worker_started_before_it_is_funded_registers_once_funded(tmp_path, owner, caplog):
+    # `swarmrl run` starts its workers and funds them while they import; an operator may
+    # fund a worker after starting it too. Its membership waits, and says why.
+    p = staked_pool(tmp_path, "sqlite", owner)
+    identity = Identity.generate()
+    joined: list[api.HeartbeatResponse] = []
+    waiting = Membership(p.url, identity, "worker", retry_base=0.05, retry_cap=0.2)
+    caplog.set_level(logging.WARNING, logger="swarmrl.membership")
+    thread = threading.Thread(target=lambda: joined.append(waiting.start()), daemon=True)
+    try:
+        thread.start()
+        deadline = time.monotonic() + 10
+        while "waiting to be funded" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "waiting to be funded" in caplog.text and "5 short" in caplog.text
+        assert not joined and thread.is_alive()
+        PoolClient(p.url, owner).fund(identity.address, 5.0)
+        thread.join(10)
+        assert joined
+        assert member(p, waiting.address).stake == 5.0
+        # Any other refusal still ends the start: a trusted role this pool does not allow.
+        outsider = Membership(p.url, Identity.generate(), "validator", retry_base=0.05)
+        with pytest.raises(PoolRefused):
+            outsider.start()
+    finally:
+        waiting.stop()
         p.stop()
 
 

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from swarmrl.assignment import assign, assign_from_seed
 from swarmrl.checkpoints import load_policy
 from swarmrl.config import RunConfig, load_config
-from swarmrl.generation.rollout import completion_text, generate_rollouts, proof_column
+from swarmrl.generation.rollout import completion_text, generate_rollouts
 from swarmrl.generation.sampler import SamplingParams, draw
 from swarmrl.model.build import WarmStartRecipe, ensure_default_model
 from swarmrl.rewards import group_advantages, has_signal, score_sample
@@ -51,6 +51,7 @@ from swarmrl.rollouts import (
 )
 from swarmrl.runfolder import step_name
 from swarmrl.tasks.registry import build_task
+from swarmrl.toploc import proof_column
 from swarmrl.trainer.batches import BatchCollector
 from swarmrl.trainer.rescoring import Rescorer
 from swarmrl.validator import Status, ValidatorSettings, checks, judge_file, validate_file

@@ -19,7 +19,7 @@ from sqlalchemy import select
 
 from helpers import WARM_MODEL_FLAGS
 from swarmrl.assignment import assign_from_seed
-from swarmrl.checkpoints import list_checkpoints, load_policy
+from swarmrl.checkpoints import load_policy
 from swarmrl.config import load_config
 from swarmrl.generation.rollout import completion_text
 from swarmrl.identity import load_identity
@@ -29,7 +29,7 @@ from swarmrl.protocol.funding import fund_workers, owner_key
 from swarmrl.rewards import group_advantages, score_sample
 from swarmrl.rollouts import read_rollouts
 from swarmrl.run import free_port, orchestrator_role, pool_roles, pool_status, prepare_pool
-from swarmrl.runfolder import RunFolder, step_name
+from swarmrl.runfolder import RunFolder, list_checkpoints, step_name
 from swarmrl.shardcast.server import start_server
 from swarmrl.tasks.registry import build_task
 from swarmrl.trainer.metrics import read_metrics

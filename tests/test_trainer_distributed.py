@@ -29,11 +29,12 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from helpers import built_once
-from swarmrl.checkpoints import checkpoint_dir, list_checkpoints, load_policy
+from swarmrl.checkpoints import load_policy
 from swarmrl.identity import Identity
 from swarmrl.orchestrator import OrchestratorConfig, OrchestratorThread
 from swarmrl.protocol import PoolClient
 from swarmrl.rollouts import COLUMNS, RolloutMeta, write_rollouts
+from swarmrl.runfolder import checkpoint_dir, list_checkpoints
 from swarmrl.trainer import distributed, update
 from swarmrl.trainer.batches import Sample, token_samples
 from swarmrl.trainer.distributed import Ranks

@@ -18,9 +18,8 @@ import torch
 
 from helpers import vllm_only
 from swarmrl.checkpoints import load_policy
-from swarmrl.generation.rollout import proof_column
 from swarmrl.generation.sampler import SamplingParams, sample
-from swarmrl.toploc import bytes_to_proofs
+from swarmrl.toploc import bytes_to_proofs, proof_column
 from swarmrl.validator.checks import check_toploc
 from swarmrl.validator.prefill import recompute
 from swarmrl.validator.sampling import replay

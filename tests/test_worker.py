@@ -97,6 +97,28 @@ def test_an_error_in_the_background_is_raised_by_the_next_call(tmp_path):
         finisher.close()
 
 
+def test_the_proof_process_starts_at_once_and_loads_no_model_code():
+    # A worker makes its FinishProcess first thing, so that the child's imports run beside
+    # its own: the child must be running before any file is handed to it, and load only
+    # the proof and file code (not the sampler, not transformers' model classes).
+    import multiprocessing
+
+    from swarmrl.inference.finisher import FinishProcess
+
+    before = {p.pid for p in multiprocessing.active_children()}
+    child = FinishProcess()
+    try:
+        started = {p.pid for p in multiprocessing.active_children()} - before
+        assert len(started) == 1
+        assert child.pid() in started
+        loaded = "[m for m in __import__('sys').modules if m.startswith(('transformers', 'swarmrl'))]"
+        modules = set(child._pool.submit(eval, loaded).result())
+        assert "swarmrl.toploc.proofs" in modules and "swarmrl.rollouts" in modules
+        assert not [m for m in modules if m.startswith(("transformers", "swarmrl.generation"))]
+    finally:
+        child.close()
+
+
 @pytest.mark.slow
 def test_a_killed_proof_process_is_replaced_and_the_file_still_written(tmp_path):
     import os

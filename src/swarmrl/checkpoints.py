@@ -22,32 +22,10 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from swarmrl.runfolder import step_name, step_of_folder
+from swarmrl.runfolder import checkpoint_dir, list_checkpoints, step_name
 
 # Loading a million-parameter checkpoint every step: per-load progress bars are noise.
 hf_logging.disable_progress_bar()
-
-
-def checkpoint_dir(root: Path, step: int) -> Path:
-    return Path(root) / step_name(step)
-
-
-def list_checkpoints(root: Path) -> list[int]:
-    """Steps of the complete checkpoints under root, ascending."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    steps = []
-    for entry in root.iterdir():
-        step = step_of_folder(entry)
-        if step is not None and (entry / "config.json").exists():
-            steps.append(step)
-    return sorted(steps)
-
-
-def latest_checkpoint(root: Path) -> int | None:
-    steps = list_checkpoints(root)
-    return steps[-1] if steps else None
 
 
 def load_policy(path: Path):

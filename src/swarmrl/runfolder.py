@@ -45,6 +45,29 @@ def step_of_folder(folder: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def checkpoint_dir(root: Path, step: int) -> Path:
+    return Path(root) / step_name(step)
+
+
+def list_checkpoints(root: Path) -> list[int]:
+    """Steps of the complete checkpoints under root, ascending (a checkpoint is renamed
+    into place whole, so one with its config.json is complete)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    steps = []
+    for entry in root.iterdir():
+        step = step_of_folder(entry)
+        if step is not None and (entry / "config.json").exists():
+            steps.append(step)
+    return sorted(steps)
+
+
+def latest_checkpoint(root: Path) -> int | None:
+    steps = list_checkpoints(root)
+    return steps[-1] if steps else None
+
+
 @dataclass(frozen=True)
 class RunFolder:
     root: Path

@@ -49,6 +49,21 @@ def _trainer(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from swarmrl.inference.finisher import FinishProcess
+
+    # SIGTERM (a supervisor stopping it) unwinds like Ctrl-C: the proof process is shut
+    # down and its semaphores released, instead of a killed parent leaving them behind.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    # The proof process first: its start (seconds of imports) runs beside this process's
+    # imports below, not after the first file is generated.
+    proof_process = FinishProcess()
+    try:
+        return _serve_as_worker(args, proof_process)
+    finally:
+        proof_process.close()
+
+
+def _serve_as_worker(args: argparse.Namespace, proof_process) -> int:
     from swarmrl.identity import KeyFileError, load_identity
     from swarmrl.inference.adversary import behaviour
     from swarmrl.inference.worker import run_worker
@@ -57,9 +72,6 @@ def _worker(args: argparse.Namespace) -> int:
     from swarmrl.supervisor import EXIT_EJECTED
 
     cfg = config_from_args(args)
-    # SIGTERM (a supervisor stopping it) unwinds like Ctrl-C: the proof process is shut
-    # down and its semaphores released, instead of a killed parent leaving them behind.
-    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     try:
         identity = load_identity(args.key)
         counts = run_worker(
@@ -68,6 +80,7 @@ def _worker(args: argparse.Namespace) -> int:
             identity,
             args.workdir,
             behaviour(args.adversary, identity.address, args.copy_from),
+            proof_process=proof_process,
         )
     except (KeyFileError, PoolRefused) as exc:
         if isinstance(exc, PoolRefused) and ejected(exc):

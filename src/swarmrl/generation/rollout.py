@@ -10,8 +10,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
 from swarmrl.assignment import Assignment
 from swarmrl.generation.sampler import Generation, SamplingParams, sample
 from swarmrl.rewards import (
@@ -25,7 +23,7 @@ from swarmrl.rewards import (
 from swarmrl.rollouts import empty_columns
 from swarmrl.scoring import completion_text, prompt_ids
 from swarmrl.tasks.base import Task
-from swarmrl.toploc import build_proofs_batch, proofs_to_bytes
+from swarmrl.toploc import proof_column
 
 # ``sampler.sample``'s signature: (model, prompts, seeds, params, pad_id=, capture_hidden=).
 Sampler = Callable[..., list[Generation]]
@@ -120,14 +118,6 @@ def generate_rollouts(
     if proofs and capture_hidden:
         attach_proofs(batch)
     return batch
-
-
-def proof_column(states: list[torch.Tensor]) -> list[bytes]:
-    """The ``proofs`` values of a file: each sequence's TOPLOC chunk proofs, joined.
-
-    One batched call for the whole file: several times cheaper than per sequence.
-    """
-    return [proofs_to_bytes(chunks) for chunks in build_proofs_batch(states)]
 
 
 def attach_proofs(batch: RolloutBatch) -> None:

@@ -2,8 +2,8 @@
 
 The worker hands each generated file to a ``FileFinisher`` and goes straight back to
 sampling. The finisher's thread sends the file (its columns and hidden states) to a
-``FinishProcess``, one child process spawned once, which builds the proofs and writes
-the file atomically; the thread only waits for it.
+``FinishProcess``, one child process (``proof_child.py``), which builds the proofs and
+writes the file atomically; the thread only waits for it.
 
 Why a process and not just the thread: proof building is many numpy calls, building
 the Parquet file is Python-level work over the columns, and the sampling loop is many
@@ -12,6 +12,11 @@ small torch calls; in one process they take turns on the GIL and slow each other
 much time as with proofs built inline). In a child process the work runs on another
 core and costs the loop only pickling the columns and the hidden states (bf16, about
 0.8 MB per default file).
+
+The child is spawned when the ``FinishProcess`` is made, and imports its code at once:
+a worker makes it first thing, so the child's start (seconds of imports) runs beside
+the worker's own rather than holding up the first file. This module imports torch and
+the generation code only where a file is finished, for the same reason.
 """
 
 from __future__ import annotations
@@ -20,52 +25,21 @@ import functools
 import logging
 import multiprocessing
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
+from swarmrl.inference import proof_child
 
-from swarmrl.generation.rollout import RolloutBatch, attach_proofs, proof_column
-from swarmrl.rollouts import RolloutMeta, write_rollouts
+if TYPE_CHECKING:
+    from swarmrl.generation.rollout import RolloutBatch
+    from swarmrl.rollouts import RolloutMeta
 
 log = logging.getLogger("swarmrl.worker")
-
-
-def _child_setup(parent: int) -> None:
-    torch.set_num_threads(1)
-    # Ctrl-C, and a supervisor's SIGTERM, go to the whole group: the parent shuts the
-    # child down (and releases what they share), rather than the child dying under it.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    # A parent killed outright (SIGKILL, out of memory) cannot shut the child down; the
-    # child sees itself re-parented and exits rather than living on idle.
-    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
-
-
-def _exit_with_parent(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    os._exit(1)
-
-
-def _finish_in_child(
-    path: Path, columns: dict[str, list], meta: RolloutMeta, bits: np.ndarray, lengths: list[int]
-) -> tuple[Path, list[bytes], float]:
-    """Build the proofs of each sequence (rows of ``bits``: int16 views of bf16, split by
-    ``lengths``), put them in the file's columns and write it. Returns (path, proofs,
-    seconds spent on the proofs)."""
-    start = time.perf_counter()
-    proofs = proof_column(list(torch.from_numpy(bits).view(torch.bfloat16).split(lengths)))
-    seconds = time.perf_counter() - start
-    written = write_rollouts(path, {**columns, "proofs": proofs}, meta)
-    return written, proofs, seconds
 
 
 class FinishProcess:
@@ -81,20 +55,25 @@ class FinishProcess:
 
     @staticmethod
     def _spawn() -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(
+        pool = ProcessPoolExecutor(
             1,
             mp_context=multiprocessing.get_context("spawn"),
-            initializer=_child_setup,
+            initializer=proof_child.child_setup,
             initargs=(os.getpid(),),
         )
+        # The pool starts its process on the first task: start it now.
+        pool.submit(os.getpid)
+        return pool
 
     def finish(self, path: Path, batch: RolloutBatch, meta: RolloutMeta) -> Path:
         """``attach_proofs`` then ``write_rollouts``, in the child: same proof bytes, same file."""
+        import torch
+
         states = [g.hidden for g in batch.generations if g.hidden is not None]
         if len(states) != len(batch.generations):
             raise ValueError("proofs need the hidden states: generate with capture_hidden=True")
         job = functools.partial(
-            _finish_in_child,
+            proof_child.finish_in_child,
             path,
             {k: v for k, v in batch.columns.items() if k != "proofs"},
             meta,
@@ -114,7 +93,7 @@ class FinishProcess:
         return written
 
     def pid(self) -> int:
-        """The child's process id (starting it if it is not running yet)."""
+        """The child's process id."""
         return self._pool.submit(os.getpid).result()
 
     def close(self) -> None:
@@ -145,8 +124,9 @@ class FileFinisher:
         self,
         on_written: Callable[[Path, RolloutBatch, RolloutMeta, float], None] | None = None,
         processes: bool = True,
+        child: FinishProcess | None = None,
     ) -> None:
-        self._child = FinishProcess() if processes else None
+        self._child = child or (FinishProcess() if processes else None)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swarmrl-finisher")
         self._on_written = on_written
         self._future: Future | None = None
@@ -197,6 +177,9 @@ class FileFinisher:
         if self._child is not None:
             written = self._child.finish(path, batch, meta)
         else:
+            from swarmrl.generation.rollout import attach_proofs
+            from swarmrl.rollouts import write_rollouts
+
             attach_proofs(batch)
             written = write_rollouts(path, batch.columns, meta)
         self.written += 1

@@ -52,7 +52,7 @@ from swarmrl.generation.sampler import SamplingParams, sample
 from swarmrl.identity import Identity
 from swarmrl.inference.adversary import Behaviour
 from swarmrl.inference.engines import EngineChoice
-from swarmrl.inference.finisher import FileFinisher
+from swarmrl.inference.finisher import FileFinisher, FinishProcess
 from swarmrl.inference.policy_source import PolicySource, Prefetch
 from swarmrl.protocol import PoolClient, PoolRefused, recipe
 from swarmrl.protocol import models as api
@@ -241,10 +241,13 @@ def run_worker(
     identity: Identity,
     workdir: Path,
     behaviour: Behaviour | None = None,
+    proof_process: FinishProcess | None = None,
 ) -> WorkerCounts:
     """Serve the pool until the run is finished; returns what this worker did. Raises
     `PoolRefused` when the pool refuses it for good (`ejected(exc)`: it was ejected).
-    `behaviour`: an adversary's cheat (`adversary.py`); honest by default."""
+    `behaviour`: an adversary's cheat (`adversary.py`); honest by default.
+    `proof_process`: the child that builds the proofs, if started already (else one is
+    started here)."""
     behaviour = behaviour or Behaviour()
     torch.set_num_threads(cfg.worker.threads)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
@@ -328,7 +331,7 @@ def run_worker(
 
     view = member.start()
     deliver_leftovers(home, uploader)
-    finisher = FileFinisher(on_written)
+    finisher = FileFinisher(on_written, child=proof_process)
     try:
         while True:
             # A fresh view before each assignment: a worker that learns of a new checkpoint

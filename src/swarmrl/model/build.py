@@ -7,7 +7,9 @@ the worked format and most digit sums, and inherits the demonstrations' dropped 
 and target-blind check lines, which RL then fixes.
 
 The result is cached as an ordinary model directory (written under a temporary name and
-renamed, so a crash never leaves half a model) and reused by every later run.
+renamed, so a crash never leaves half a model) and reused by every later run. torch and
+transformers are imported where the model is built: finding the cached one does not load
+them (`swarmrl run` starts its processes before its own heavy imports).
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-
-from swarmrl.model.tokenizer import build_char_tokenizer
 from swarmrl.tasks.arithmetic import ArithmeticTask
+
+if TYPE_CHECKING:
+    from transformers import LlamaConfig
 
 # v2: prompts end at the target (no newline); v3: a restatement opens with `(`
 MODEL_NAME = "swarmrl-tiny-arith-v3"
@@ -56,6 +58,8 @@ def default_cache_dir() -> Path:
 
 
 def _config(vocab_size: int, recipe: WarmStartRecipe, tok) -> LlamaConfig:
+    from transformers import LlamaConfig
+
     return LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=recipe.hidden_size,
@@ -72,6 +76,8 @@ def _config(vocab_size: int, recipe: WarmStartRecipe, tok) -> LlamaConfig:
 
 
 def _demo_batch(task: ArithmeticTask, tok, recipe: WarmStartRecipe, rng: random.Random):
+    import torch
+
     seqs, masks = [], []
     for _ in range(recipe.batch_size):
         problem = task.train_problem(rng.randrange(task.num_train()))
@@ -91,6 +97,11 @@ def _demo_batch(task: ArithmeticTask, tok, recipe: WarmStartRecipe, rng: random.
 
 def warm_start(recipe: WarmStartRecipe, progress: Callable[[int, int, float], None] | None = None):
     """Train the tiny model on imperfect demonstrations; return (model, tokenizer)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from swarmrl.model.tokenizer import build_char_tokenizer
+
     torch.manual_seed(recipe.seed)
     rng = random.Random(recipe.seed)
     tok = build_char_tokenizer()

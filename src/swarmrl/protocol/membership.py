@@ -1,7 +1,8 @@
 """Staying a member of the pool: register once, then heartbeat from a background thread.
 
 Workers and relays keep a `Membership` for their whole life. It registers (retrying
-while the orchestrator cannot be reached), then heartbeats at the interval the
+while the orchestrator cannot be reached, and while a worker's balance is short of the
+stake it must lock: its owner may fund it after it started), then heartbeats at the interval the
 orchestrator's answers ask for (twice as often while it holds work, see `HOLDING_BEATS`),
 counted from its newest beat, whichever thread sent it. It keeps the newest answer: the
 step, the async bound, the newest checkpoint, the relays, the origin, and whether the run
@@ -43,6 +44,13 @@ def retryable(exc: Exception) -> bool:
     return isinstance(exc, RETRYABLE) or (
         isinstance(exc, PoolRefused) and (exc.status >= 500 or exc.status == 429)
     )
+
+
+def unfunded(exc: Exception) -> bool:
+    """Whether a worker's registration was refused for want of the stake it must lock:
+    it may be funded any time (`swarmrl pool fund`; `swarmrl run` funds its workers while
+    they start), so registering again later can succeed."""
+    return isinstance(exc, PoolRefused) and exc.code == "stake_short"
 
 
 def ejected(exc: Exception) -> bool:
@@ -97,17 +105,23 @@ class Membership:
         return self.client.address
 
     def start(self) -> api.HeartbeatResponse:
-        """Register and take the first heartbeat (retrying until the orchestrator answers),
-        then heartbeat in the background. A refused registration raises `PoolRefused`."""
+        """Register and take the first heartbeat (retrying until the orchestrator answers,
+        and while a worker waits to be funded), then heartbeat in the background. A refused
+        registration raises `PoolRefused`."""
         while True:
             try:
                 self._register()
                 view = self.beat()
                 break
             except Exception as exc:
-                if not retryable(exc) or self._stop.is_set():
+                if self._stop.is_set():
                     raise
-                self._trouble("cannot reach the orchestrator to register", exc)
+                if unfunded(exc):
+                    self._trouble("waiting to be funded by the pool's owner", exc)
+                elif retryable(exc):
+                    self._trouble("cannot reach the orchestrator to register", exc)
+                else:
+                    raise
         self._thread = threading.Thread(
             target=self._run, name=f"swarmrl-{self.role}-heartbeat", daemon=True
         )

@@ -11,14 +11,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from swarmrl.checkpoints import latest_checkpoint
 from swarmrl.config import ConfigError, RunConfig, load_config, run_differences
 from swarmrl.identity import Identity, generate_key_file, load_identity
 from swarmrl.model.build import ensure_default_model
 from swarmrl.orchestrator.config import orchestrator_settings, write_orchestrator_config
 from swarmrl.protocol import models as api
 from swarmrl.protocol.funding import owner_key
-from swarmrl.runfolder import RunFolder
+from swarmrl.runfolder import RunFolder, latest_checkpoint
 from swarmrl.supervisor import ProcessSpec, SwarmError
 
 

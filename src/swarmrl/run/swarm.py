@@ -9,8 +9,9 @@ trainer downloads a step's files and announces each checkpoint; the validator ju
 the files the orchestrator hands it (a secret random fraction). Each trusted role has a
 key in `<run>/keys/`; each worker has its own folder (key, policy cache, outbox) beside
 the run folder, `<output_dir>/<run_name>.workers/worker-<i>/`, and never touches the
-run folder. Finally evaluates the starting and the final checkpoint on the held-out
-split and writes `<output_dir>/<run_name>/summary.json`: accuracy, the samples workers
+run folder. All processes start at once (each registers once the orchestrator answers,
+a worker once the run has funded its stake); the starting model is evaluated on the
+held-out split meanwhile, and the final checkpoint at the end. Then writes `<output_dir>/<run_name>/summary.json`: accuracy, the samples workers
 uploaded against those the trainer read, the bytes each server served, the validator's
 verdict counts, the ledger's consistency and the restarts of each process.
 
@@ -44,10 +45,8 @@ from types import FrameType
 
 from rich.console import Console
 
-from swarmrl.checkpoints import checkpoint_dir, latest_checkpoint
 from swarmrl.config import RunConfig
 from swarmrl.display import StepDisplay, counted
-from swarmrl.evaluation import evaluate
 from swarmrl.identity import load_identity
 from swarmrl.protocol import PoolClient, PoolRefused, PoolUnreachable
 from swarmrl.protocol.funding import fund_workers, owner_key
@@ -67,12 +66,12 @@ from swarmrl.run.summary import (
     worker_accounts,
 )
 from swarmrl.run.watch import SlashingWatch, supervise, wait_for_orchestrator
+from swarmrl.runfolder import checkpoint_dir, latest_checkpoint
 from swarmrl.shardcast.client import server_bytes
 from swarmrl.supervisor import Supervisor
 from swarmrl.tasks.registry import build_task
 from swarmrl.trainer.metrics import dashboard_report, read_metrics
 from swarmrl.trainer.sinks import open_mlflow
-from swarmrl.validator.service import verdict_counts
 
 EVAL_BATCH = 64  # problems per evaluation batch: the bar's count advances per batch
 
@@ -156,14 +155,6 @@ def _run(
             console.print(f"resuming run {cfg.run_name} at step {resume_step}/{cfg.trainer.steps}")
     task = build_task(cfg.task)
     before = None
-    if cfg.eval_before:
-        with counted(
-            console, "evaluating the starting model", len(task.eval_problems())
-        ) as advance:
-            before = evaluate(start_model, task, cfg, EVAL_BATCH, advance)
-        console.print(
-            f"before RL: accuracy {before.accuracy:.3f}, length error {before.length_error}"
-        )
 
     if (latest_checkpoint(folder.checkpoints) or 0) < cfg.trainer.steps:
         # Resuming a finished run with more steps: the trainer must not report done at once.
@@ -197,8 +188,21 @@ def _run(
         + " -> ".join(f"{name} {u}" for name, u in server_urls.items() if name != "origin")
         + " -> workers"
     )
+    earlier = read_metrics(folder.metrics)
+    shown = earlier[-1].step if earlier else -1
     try:
+        # Every process at once: each spends seconds importing torch before its first
+        # request, and registering retries until the orchestrator answers (a worker until
+        # it is funded, just below), so nobody waits for another's start.
         sup.start(orchestrator_role(cfg, port))
+        for role in pool_roles(
+            cfg, start_model, url, keys, relay_ports, origin_server.url, adversaries
+        ):
+            sup.start(role)
+        # Imported only now (torch and the model classes: seconds), beside the pool's start.
+        from swarmrl.evaluation import evaluate
+        from swarmrl.validator.service import verdict_counts
+
         wait_for_orchestrator(sup, url)
         # The honest workers and the cheaters alike: a cheater stakes like anyone else.
         workers = [
@@ -207,12 +211,16 @@ def _run(
             if name.startswith(("worker-", "adversary-"))
         ]
         fund_workers(url, owner_key(folder.key("owner")), workers, cfg.pool.stake)
-        for role in pool_roles(
-            cfg, start_model, url, keys, relay_ports, origin_server.url, adversaries
-        ):
-            sup.start(role)
-        earlier = read_metrics(folder.metrics)
-        shown = earlier[-1].step if earlier else -1
+        if cfg.eval_before:
+            # Beside the pool's start: the start model is read only, and the trainer's
+            # first step waits for the workers' first files anyway.
+            with counted(
+                console, "evaluating the starting model", len(task.eval_problems())
+            ) as advance:
+                before = evaluate(start_model, task, cfg, EVAL_BATCH, advance)
+            console.print(
+                f"before RL: accuracy {before.accuracy:.3f}, length error {before.length_error}"
+            )
         with StepDisplay(console, cfg.trainer.steps, started, shown) as display:
             sup.notify = watch.say = display.say
             supervise(cfg, sup, display, url, watch)

@@ -1,7 +1,7 @@
 """TOPLOC: locality-sensitive proofs that a worker's tokens came from the claimed model.
 
 ``build_proofs`` (worker) and ``verify_proofs`` (validator) in ``proofs``, with
-``build_proofs_batch`` and ``verify_proofs_batch`` for a whole rollout file; the proof
+``build_proofs_batch``, ``verify_proofs_batch`` and ``proof_column`` for a whole rollout file; the proof
 bytes and the rollout file's concatenated ``proofs`` column in ``encoding``; the
 GF(65497) arithmetic in ``gf``; the chunk thresholds and their named presets
 (``TOPLOC_PRESETS``) in ``thresholds``. Byte-compatible with the reference ``toploc`` 0.1.6;
@@ -23,6 +23,7 @@ _WHERE = {
     "ToplocThresholds": "thresholds",
     "build_proofs": "proofs",
     "build_proofs_batch": "proofs",
+    "proof_column": "proofs",
     "bytes_to_proofs": "encoding",
     "chunk_points": "encoding",
     "encode_proof": "encoding",
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
         ChunkCheck,
         build_proofs,
         build_proofs_batch,
+        proof_column,
         verify_proofs,
         verify_proofs_batch,
     )
@@ -80,6 +82,7 @@ __all__ = [
     "encode_proof",
     "encode_proofs",
     "parse_proof",
+    "proof_column",
     "proofs_to_bytes",
     "toploc_preset_help",
     "verify_proofs",

@@ -43,8 +43,6 @@ import numpy as np
 import torch
 
 from swarmrl.checkpoints import (
-    checkpoint_dir,
-    latest_checkpoint,
     load_policy,
     prune_checkpoints,
     save_checkpoint,
@@ -55,6 +53,7 @@ from swarmrl.config import RunConfig, TrainerConfig
 from swarmrl.protocol import PoolClient, PoolRefused, recipe
 from swarmrl.protocol.membership import Membership
 from swarmrl.rollouts import RolloutBounds
+from swarmrl.runfolder import checkpoint_dir, latest_checkpoint
 from swarmrl.shardcast.client import server_bytes
 from swarmrl.tasks.registry import build_task
 from swarmrl.trainer import distributed

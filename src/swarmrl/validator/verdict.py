@@ -34,7 +34,6 @@ from pathlib import Path
 import pyarrow as pa
 
 from swarmrl.assignment import assignment_seed
-from swarmrl.checkpoints import checkpoint_dir
 from swarmrl.config import ConfigError, RunConfig, load_config
 from swarmrl.rollouts import (
     AssignmentKey,
@@ -48,7 +47,7 @@ from swarmrl.rollouts import (
     read_meta,
     read_rollouts,
 )
-from swarmrl.runfolder import RunFolder
+from swarmrl.runfolder import RunFolder, checkpoint_dir
 from swarmrl.scoring import completion_text, expected_prompts
 from swarmrl.tasks.base import Task
 from swarmrl.tasks.registry import build_task
