@@ -111,7 +111,9 @@ def test_the_proof_process_starts_at_once_and_loads_no_model_code():
         started = {p.pid for p in multiprocessing.active_children()} - before
         assert len(started) == 1
         assert child.pid() in started
-        loaded = "[m for m in __import__('sys').modules if m.startswith(('transformers', 'swarmrl'))]"
+        loaded = (
+            "[m for m in __import__('sys').modules if m.startswith(('transformers', 'swarmrl'))]"
+        )
         modules = set(child._pool.submit(eval, loaded).result())
         assert "swarmrl.toploc.proofs" in modules and "swarmrl.rollouts" in modules
         assert not [m for m in modules if m.startswith(("transformers", "swarmrl.generation"))]
