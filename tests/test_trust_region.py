@@ -110,3 +110,24 @@ def test_a_step_within_the_bound_is_kept_whole():
     assert 0.0 < stats.update_kl == stats.update_kl_full < 1.0
     for p, p1 in zip(model.parameters(), full.parameters(), strict=True):
         torch.testing.assert_close(p, p1)
+
+
+def test_the_first_minibatch_takes_its_old_logprobs_from_its_own_forward():
+    # Two minibatches, one micro-batch each: the second needs the step's start policy in a
+    # pass before the first update; the first is that policy, so its own forward serves.
+    model, tok, samples = _setup(seed=2)
+    calls = []
+    model.register_forward_hook(lambda *_: calls.append(torch.is_grad_enabled()))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    stats = rollout_update(
+        model,
+        opt,
+        samples,
+        [list(range(4)), list(range(4, 8))],
+        [1e-3, 1e-3],
+        _settings(0.0),
+        Ranks(),
+        tok.pad_token_id,
+    )
+    assert calls == [False, True, True]  # was [False, False, True, True]
+    assert math.isfinite(stats.loss) and stats.trained_tokens == 80

@@ -12,7 +12,9 @@ constant: the same update as one process on the whole minibatch, whatever W and 
 micro-batching (tests/test_trainer_distributed.py checks it to 1e-5).
 
 The old logprobs (policy n at the start of the step) are recomputed the same way, each
-rank for its own share. Against them, each token's loss is weighted by the off-policy
+rank for its own share, in a no-grad pass before the first update for every minibatch
+but the first; the first minibatch's are its own forward's, detached (the policy has not
+moved yet, so a pass of its own would give the same numbers). Against them, each token's loss is weighted by the off-policy
 correction (offpolicy.py) of the worker's recorded sampling logprob: the samples were
 drawn by an older policy than n in an asynchronous run. FSDP's gathers are collectives, so every rank runs the same
 number of micro-batches: a rank whose share is shorter runs a masked-out one that adds
@@ -175,41 +177,34 @@ def rollout_update(
         [_micro(samples, idx, mb[0], pad_id, ranks.device) for idx in plan]
         for mb, plan in zip(minibatches, plans, strict=True)
     ]
+    # The loss's "old" policy is the one at the step's start. For the first minibatch that
+    # is the live policy (nothing has moved yet), so its log-probabilities are its own
+    # forward's, detached: only the later minibatches need a pass before the first update.
     model.eval()
     with torch.no_grad():
-        old = [
+        old: list[list[torch.Tensor | None]] = [[None] * len(micros[0])] + [
             [forward_logprobs(model, m.ids, m.targets, s.temperature)[0] for m in mb_micros]
-            for mb_micros in micros
+            for mb_micros in micros[1:]
         ]
-    weights = [
-        [
-            behaviour_weights(o, m.behaviour, m.mask, s.off_policy)
-            for o, m in zip(mb_old, mb_micros, strict=True)
-        ]
-        for mb_old, mb_micros in zip(old, micros, strict=True)
-    ]
-    weight_mean, weight_max, masked_share, kl = _behaviour_figures(
-        ranks,
-        [
-            behaviour_stats(w, o, m.behaviour, m.mask)
-            for mb_w, mb_old, mb_micros in zip(weights, old, micros, strict=True)
-            for w, o, m in zip(mb_w, mb_old, mb_micros, strict=True)
-        ],
-    )
     model.train()
+    behaviour = []
     grad_norms, clip_ratios, entropies, losses, tokens = [], [], [], [], 0
     update_kls, full_kls, scales = [], [], []
-    for mb, mb_micros, mb_old, mb_w, lr in zip(minibatches, micros, old, weights, lrs, strict=True):
+    for mb, mb_micros, mb_old, lr in zip(minibatches, micros, old, lrs, strict=True):
         budget = token_budget(len(mb), s.max_new_tokens)
         for group in opt.param_groups:
             group["lr"] = lr
         opt.zero_grad(set_to_none=True)
         loss_sum = token_sum = clipped_sum = entropy_sum = 0.0
         before = []
-        for m, old_logprobs, w in zip(mb_micros, mb_old, mb_w, strict=True):
+        for m, old_logprobs in zip(mb_micros, mb_old, strict=True):
             logprobs, entropy = forward_logprobs(model, m.ids, m.targets, s.temperature)
+            if old_logprobs is None:
+                old_logprobs = logprobs.detach()
             if s.max_update_kl > 0:
                 before.append(logprobs.detach())
+            w = behaviour_weights(old_logprobs, m.behaviour, m.mask, s.off_policy)
+            behaviour.append(behaviour_stats(w, old_logprobs, m.behaviour, m.mask))
             out = grpo_loss(
                 GRPOLossInput(
                     logprobs=logprobs,
@@ -250,6 +245,7 @@ def rollout_update(
         entropies.append(entropy_sum / max(token_sum, 1.0))
         tokens += round(token_sum)
     model.eval()
+    weight_mean, weight_max, masked_share, kl = _behaviour_figures(ranks, behaviour)
     return UpdateStats(
         loss=float(np.mean(losses)),
         grad_norm=float(np.mean(grad_norms)),
