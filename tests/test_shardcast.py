@@ -24,6 +24,7 @@ from swarmrl.shardcast.client import (
     VersionUnavailableError,
     fetch,
     latest_version,
+    server_bytes,
 )
 from swarmrl.shardcast.layout import Manifest, parse_distribution, shard_name
 from swarmrl.shardcast.origin import Origin, write_archive
@@ -219,6 +220,17 @@ def test_server_binds_loopback_serves_ranges_and_counts_bytes(origin):
         with pytest.raises(HttpStatusError) as err:
             get_bytes(f"{server.url}{path}", 5)
         assert err.value.status == 404
+
+
+def test_server_bytes_reads_our_stats_page_and_is_none_elsewhere(origin):
+    _, server, _ = origin
+    served = json.loads(get_bytes(f"{server.url}/stats.json", 5))["bytes_served"]
+    assert isinstance(served, int) and server_bytes(server.url) >= served
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    assert server_bytes(f"http://127.0.0.1:{port}", timeout=1.0) is None  # nothing listens
+    assert server_bytes(f"{server.url}/v5/{shard_name(0)}", timeout=1.0) is None  # no page
 
 
 # ------------------------------------------------------------------------------------- client
