@@ -209,6 +209,8 @@ def test_config_given_a_directory_is_one_line(tmp_path):
     "content,why",
     [
         ("{not json", "is not a valid model config"),
+        ('{"hidden_size": 8}', "is not a valid model config (no model_type)"),
+        ("[1, 2]", "is not a valid model config (no model_type)"),
         ('{"model_type": "no-such-architecture"}', "is not a valid model config"),
     ],
 )
@@ -229,6 +231,24 @@ def test_run_with_a_broken_model_config_says_so_in_one_line(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"swarmrl run failed: model.path {model}: ")
     assert not (tmp_path / "o").exists()  # a refused run leaves nothing behind
+
+
+@pytest.mark.slow
+def test_run_with_a_model_transformers_cannot_read_stops_with_one_line(tmp_path):
+    # Valid JSON of an unknown architecture passes the quick check; transformers' own
+    # parser, run while the processes start, refuses it and the run stops them all.
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    out = tmp_path / "o"
+    proc = _swarmrl("run", "--model.path", str(model), "--output_dir", str(out))
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"swarmrl run failed: model.path {model}: config.json is not a valid")
+    processes = json.loads((out / "default" / "processes.json").read_text())
+    for role in processes.values():
+        with pytest.raises(ProcessLookupError):
+            os.kill(role["pid"], 0)
 
 
 @pytest.mark.slow

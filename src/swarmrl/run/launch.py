@@ -3,6 +3,7 @@ start order (the orchestrator first), as `swarmrl run` starts them under supervi
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import time
@@ -21,14 +22,32 @@ from swarmrl.runfolder import RunFolder, latest_checkpoint
 from swarmrl.supervisor import ProcessSpec, SwarmError
 
 
-def check_model_dir(path: Path) -> None:
-    """Raise SwarmError with one line unless `path` is a loadable Hugging Face model directory."""
-    from transformers import AutoConfig
-
+def read_model_config(path: Path) -> dict:
+    """`path`'s config.json, if it is a JSON object naming a `model_type`; else SwarmError
+    with one line. The quick check, before any process starts; `check_model_dir` is the
+    whole one (transformers' parser: seconds of imports, so made beside the pool's start)."""
     if not (path / "config.json").is_file():
         raise SwarmError(
             f"model.path {path} is not a Hugging Face model directory (no config.json)"
         )
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise SwarmError(
+            f"model.path {path}: config.json is not a valid model config ({exc})"
+        ) from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise SwarmError(
+            f"model.path {path}: config.json is not a valid model config (no model_type)"
+        )
+    return config
+
+
+def check_model_dir(path: Path) -> None:
+    """Raise SwarmError with one line unless `path` is a loadable Hugging Face model directory."""
+    read_model_config(path)
+    from transformers import AutoConfig
+
     try:
         AutoConfig.from_pretrained(path)
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -41,7 +60,7 @@ def check_model_dir(path: Path) -> None:
 def resolve_start_model(cfg: RunConfig, console: Console) -> Path:
     if cfg.model.path:
         path = Path(cfg.model.path)
-        check_model_dir(path)
+        read_model_config(path)  # the whole check_model_dir runs once the pool is starting
         return path
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -51,6 +51,7 @@ from swarmrl.identity import load_identity
 from swarmrl.protocol import PoolClient, PoolRefused, PoolUnreachable
 from swarmrl.protocol.funding import fund_workers, owner_key
 from swarmrl.run.launch import (
+    check_model_dir,
     free_port,
     orchestrator_role,
     pool_roles,
@@ -202,6 +203,9 @@ def _run(
         # Imported only now (torch and the model classes: seconds), beside the pool's start.
         from swarmrl.evaluation import evaluate
         from swarmrl.validator.service import verdict_counts
+
+        if cfg.model.path:
+            check_model_dir(start_model)
 
         wait_for_orchestrator(sup, url)
         # The honest workers and the cheaters alike: a cheater stakes like anyone else.
