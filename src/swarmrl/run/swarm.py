@@ -11,9 +11,10 @@ key in `<run>/keys/`; each worker has its own folder (key, policy cache, outbox)
 the run folder, `<output_dir>/<run_name>.workers/worker-<i>/`, and never touches the
 run folder. All processes start at once (each registers once the orchestrator answers,
 a worker once the run has funded its stake); the starting model is evaluated on the
-held-out split meanwhile, and the final checkpoint at the end. Then writes `<output_dir>/<run_name>/summary.json`: accuracy, the samples workers
-uploaded against those the trainer read, the bytes each server served, the validator's
-verdict counts, the ledger's consistency and the restarts of each process.
+held-out split meanwhile, and the final checkpoint at the end. Then writes
+`<output_dir>/<run_name>/summary.json`: accuracy, the samples workers uploaded against
+those the trainer read, the bytes each server served, the validator's verdict counts,
+the ledger's consistency and the restarts of each process.
 
 - `--adversary KIND[,KIND...]` adds one cheating worker per kind
   (`inference/adversary.py`), in its own folder `adversary-<kind>/` beside the honest
