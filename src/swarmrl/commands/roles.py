@@ -8,8 +8,12 @@ import json
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from swarmrl.config import add_config_arguments, config_from_args
+
+if TYPE_CHECKING:
+    from swarmrl.inference.finisher import FinishProcess
 
 
 def _trainer(args: argparse.Namespace) -> int:
@@ -63,7 +67,7 @@ def _worker(args: argparse.Namespace) -> int:
         proof_process.close()
 
 
-def _serve_as_worker(args: argparse.Namespace, proof_process) -> int:
+def _serve_as_worker(args: argparse.Namespace, proof_process: FinishProcess) -> int:
     from swarmrl.identity import KeyFileError, load_identity
     from swarmrl.inference.adversary import behaviour
     from swarmrl.inference.worker import run_worker
