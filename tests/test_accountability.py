@@ -91,7 +91,7 @@ def test_a_worker_registers_by_locking_its_stake(tmp_path, backend, owner, capsy
         assert p.ledger_state() == before
         # The owner's CLI: 3 is not enough, 4 more is.
         key = tmp_path / "owner.key"
-        key.write_text(owner.account.key.hex())
+        key.write_text(owner.key_hex())
         key.chmod(0o600)
         fund = ["pool", "fund", "--orchestrator", p.url, "--key", str(key), worker.address]
         caplog.set_level(logging.INFO)

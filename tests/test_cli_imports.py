@@ -15,7 +15,7 @@ import pytest
 
 MODEL_LIBRARIES = {"torch", "transformers", "pyarrow"}
 # What only the commands that serve, sign or open the ledger need.
-SERVICE_LIBRARIES = {"httpx", "eth_account", "sqlalchemy", "aiohttp"}
+SERVICE_LIBRARIES = {"httpx", "coincurve", "sqlalchemy", "aiohttp"}
 
 
 def loaded_after(code: str) -> set[str]:
@@ -57,7 +57,7 @@ def test_keygen_writes_a_key_without_loading_a_model_library(tmp_path):
     loaded = loaded_after(code)
     assert key.is_file()
     assert loaded & MODEL_LIBRARIES == set()
-    assert "eth_account" in loaded  # the key itself: loaded by the command, not the parser
+    assert "coincurve" in loaded  # the key itself: loaded by the command, not the parser
 
 
 @pytest.mark.parametrize(

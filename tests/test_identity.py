@@ -191,3 +191,67 @@ def test_canonical_text_and_recovery_never_crash(
     assert text.count("\n") == 6
     with contextlib.suppress(SignatureError):
         recover_signer(text, signature)
+
+
+def test_signatures_and_addresses_agree_with_eth_account():
+    """The same key signs the same bytes as eth-account's EIP-191 signer (RFC 6979 nonces,
+    low s), and both recover the same signer, with v written as 27/28 or as 0/1."""
+    from eth_account import Account
+    from eth_account.messages import encode_defunct
+
+    for i in range(20):
+        identity = Identity.generate()
+        assert Account.from_key(identity.key.secret).address == identity.address
+        assert Identity.from_hex(identity.key_hex()) == identity
+        text = canonical_request(
+            POOL, "POST", f"/v1/x?{i}", body_digest(b"%d" % i), 1000 + i, "ab" * 16
+        )
+        headers = sign_request(
+            identity,
+            "POST",
+            f"/v1/x?{i}",
+            body_digest(b"%d" % i),
+            pool=POOL,
+            timestamp=1000 + i,
+            nonce="ab" * 16,
+        )
+        ours = bytes.fromhex(headers["X-Signature"][2:])
+        theirs = bytes(
+            Account.sign_message(encode_defunct(text=text), identity.key.secret).signature
+        )
+        assert ours == theirs
+        assert recover_signer(text, ours) == identity.address
+        bare = ours[:64] + bytes([ours[64] - 27])
+        assert recover_signer(text, bare) == Account.recover_message(
+            encode_defunct(text=text), signature=bare
+        )
+
+
+@settings(max_examples=300, deadline=None)
+@given(position=st.integers(0, 64), value=st.integers(0, 255))
+def test_a_mutated_signature_recovers_as_eth_account_recovers_it(position, value):
+    """A byte of an honest signature replaced: the result (another address, or a refusal)
+    is eth-account's, except that v values past 0, 1, 27, 28 are refused outright."""
+    from eth_account import Account
+    from eth_account.messages import encode_defunct
+
+    identity = Identity.from_hex("0x" + "11" * 32)
+    text = canonical_request(POOL, "GET", "/v1/status", body_digest(b""), 5, "cd" * 16)
+    honest = bytes.fromhex(
+        sign_request(
+            identity, "GET", "/v1/status", body_digest(b""), pool=POOL, timestamp=5, nonce="cd" * 16
+        )["X-Signature"][2:]
+    )
+    forged = honest[:position] + bytes([value]) + honest[position + 1 :]
+    try:
+        ours = recover_signer(text, forged)
+    except SignatureError:
+        ours = None
+    try:
+        theirs = Account.recover_message(encode_defunct(text=text), signature=forged)
+    except Exception:  # noqa: BLE001 (whatever eth-keys raises: a refusal)
+        theirs = None
+    if position == 64 and value not in (0, 1, 27, 28):
+        assert ours is None
+    else:
+        assert ours == theirs

@@ -270,7 +270,7 @@ def _signed_the_old_way(identity: Identity, method: str, path: str, body: bytes)
     """Headers a swarmrl/1 client sends: its text names no pool, and no X-Pool header."""
     timestamp, nonce = int(time.time()), os.urandom(16).hex()
     text = f"swarmrl/1\n{method}\n{path}\n{body_digest(body)}\n{timestamp}\n{nonce}"
-    signed = Account.sign_message(encode_defunct(text=text), identity.account.key)
+    signed = Account.sign_message(encode_defunct(text=text), identity.key.secret)
     return {
         "X-Address": identity.address,
         "X-Timestamp": str(timestamp),

@@ -1,7 +1,7 @@
 """Identities: secp256k1 keys with Ethereum-style addresses, and signed HTTP requests (docs/architecture.md §4.5).
 
 Names are loaded on first use (PEP 562): `swarmrl`'s argument parser registers `keygen`
-for every subcommand and should not load eth-account to do it.
+for every subcommand and should not load the signing libraries to do it.
 """
 
 from importlib import import_module

@@ -13,14 +13,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from eth_account import Account
-from eth_account.signers.local import LocalAccount
+from coincurve import PrivateKey
+from eth_utils import keccak, to_checksum_address
 
-# `py_ecc` (imported through `eth_account`) raises the recursion limit to 100,000 on
-# import, past what a thread's C stack holds: recursion in C code (a JSON scanner, a
-# parser of a worker's bytes) would then crash the process instead of raising
-# RecursionError. Every process that signs or verifies imports this module first: the
-# interpreter's default again, for all of them.
+# A library a process imports (py_ecc, through eth-account, raised it to 100,000) must not
+# leave the recursion limit past what a thread's C stack holds: recursion in C code (a
+# JSON scanner, a parser of a worker's bytes) would then crash the process instead of
+# raising RecursionError. Every process that signs or verifies imports this module first:
+# the interpreter's default again, for all of them.
 RECURSION_LIMIT = 1000
 sys.setrecursionlimit(min(sys.getrecursionlimit(), RECURSION_LIMIT))
 
@@ -29,26 +29,42 @@ class KeyFileError(ValueError):
     """A key file is missing, unreadable, malformed or readable by others."""
 
 
+def address_of(key: PrivateKey) -> str:
+    """The Ethereum address of a key: the last 20 bytes of the Keccak-256 hash of the
+    uncompressed public key (without its 0x04 prefix), EIP-55 checksummed."""
+    return to_checksum_address(keccak(key.public_key.format(compressed=False)[1:])[-20:])
+
+
 @dataclass(frozen=True)
 class Identity:
     """A member's signing key and the address it proves."""
 
-    account: LocalAccount
+    key: PrivateKey
+    address: str
 
-    @property
-    def address(self) -> str:
-        return self.account.address
+    @classmethod
+    def of(cls, key: PrivateKey) -> Identity:
+        return cls(key, address_of(key))
 
     @classmethod
     def generate(cls) -> Identity:
-        return cls(Account.create())
+        # coincurve draws the 32 bytes from os.urandom until they are a valid key.
+        return cls.of(PrivateKey())
 
     @classmethod
     def from_hex(cls, key_hex: str) -> Identity:
-        return cls(Account.from_key(key_hex))
+        """The identity of a key written as 64 hex digits, with or without ``0x``."""
+        if not isinstance(key_hex, str):
+            raise TypeError(f"a key is a hex string, not {type(key_hex).__name__}")
+        digits = key_hex[2:] if key_hex[:2] in ("0x", "0X") else key_hex
+        if len(digits) != 64:
+            raise ValueError(f"a key is 64 hex digits, not {len(digits)}")
+        # bytes.fromhex raises ValueError on a non-hex digit; coincurve on a zero key or
+        # one past the curve's order.
+        return cls.of(PrivateKey(bytes.fromhex(digits)))
 
     def key_hex(self) -> str:
-        return "0x" + bytes(self.account.key).hex()
+        return "0x" + self.key.secret.hex()
 
 
 def generate_key_file(path: Path) -> Identity:

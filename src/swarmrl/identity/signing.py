@@ -23,9 +23,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from eth_account import Account
-from eth_account.messages import encode_defunct
-from eth_utils import to_checksum_address
+from coincurve import PublicKey
+from eth_utils import keccak, to_checksum_address
 
 from swarmrl.identity.keys import Identity
 
@@ -88,6 +87,13 @@ def canonical_request(
     )
 
 
+def eip191_digest(text: str) -> bytes:
+    """Keccak-256 of the EIP-191 personal message of ``text`` (what ``personal_sign``
+    and eth-account's ``encode_defunct`` sign)."""
+    message = text.encode()
+    return keccak(b"\x19Ethereum Signed Message:\n" + str(len(message)).encode() + message)
+
+
 def sign_request(
     identity: Identity,
     method: str,
@@ -103,13 +109,14 @@ def sign_request(
     timestamp = int(time.time()) if timestamp is None else int(timestamp)
     nonce = secrets.token_hex(NONCE_BYTES) if nonce is None else nonce
     text = canonical_request(pool, method, path_with_query, body_sha256, timestamp, nonce)
-    signed = Account.sign_message(encode_defunct(text=text), identity.account.key)
+    recoverable = identity.key.sign_recoverable(eip191_digest(text), hasher=None)
     return {
         HEADER_POOL: pool,
         HEADER_ADDRESS: identity.address,
         HEADER_TIMESTAMP: str(timestamp),
         HEADER_NONCE: nonce,
-        HEADER_SIGNATURE: "0x" + bytes(signed.signature).hex(),
+        # Ethereum's layout: r || s || v, v = 27 + the recovery id.
+        HEADER_SIGNATURE: "0x" + (recoverable[:64] + bytes([27 + recoverable[64]])).hex(),
     }
 
 
@@ -149,8 +156,15 @@ def parse_signed_headers(headers: Mapping[str, str]) -> SignedHeaders:
 def recover_signer(text: str, signature: bytes) -> str:
     """The checksummed address whose key made `signature` over `text`."""
     try:
-        return Account.recover_message(encode_defunct(text=text), signature=signature)
-    except Exception as exc:  # noqa: BLE001 (eth-keys raises several unrelated types for bad bytes)
+        # r || s || v; v is 27 + the recovery id (some tools write the bare id, 0 or 1).
+        if len(signature) != 65 or signature[64] not in (0, 1, 27, 28):
+            raise ValueError("not r || s || v with v in 0, 1, 27, 28")
+        recovery_id = signature[64] % 27
+        public = PublicKey.from_signature_and_message(
+            signature[:64] + bytes([recovery_id]), eip191_digest(text), hasher=None
+        )
+        return to_checksum_address(keccak(public.format(compressed=False)[1:])[-20:])
+    except Exception as exc:  # noqa: BLE001 (libsecp256k1 refuses bad bytes with several types)
         raise SignatureError(
             f"signature does not recover to any key ({type(exc).__name__})"
         ) from None

@@ -3,9 +3,9 @@ bounded JSON, before the application parses a byte of it.
 
 FastAPI parses a route's JSON body before the route's dependencies run, so a signature
 check in a dependency comes too late: a stranger's body would reach Python's JSON
-scanner first. That scanner recurses once per nested bracket, and `py_ecc` (imported
-through `eth_account`) raises the interpreter's recursion limit to 100,000, past what
-the C stack holds: one unsigned body of 70,000 nested brackets crashed the process. The
+scanner first. That scanner recurses once per nested bracket, and a library may raise the
+interpreter's recursion limit past what the C stack holds (`py_ecc`, which eth-account
+imported, set 100,000): one unsigned body of 70,000 nested brackets crashed the process. The
 gate runs first, as ASGI middleware, on every request that carries a JSON body to parse
 (a request a POST route takes: the other routes take none; the rollout upload is a PUT
 of raw bytes, whose signature covers the hash it claims and is checked before the stream
