@@ -19,26 +19,57 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers.utils import logging as hf_logging
 
+from swarmrl.model.lite import load_lite_model, load_lite_tokenizer
 from swarmrl.runfolder import checkpoint_dir, list_checkpoints, step_name
 
-# Loading a million-parameter checkpoint every step: per-load progress bars are noise.
-hf_logging.disable_progress_bar()
 
-
-def load_policy(path: Path):
-    """(model in eval mode, tokenizer) from any Hugging Face causal LM directory."""
+def _model_dir(path: Path) -> Path:
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} is not a model directory (no config.json)")
+    return path
+
+
+def load_tokenizer(path: Path):
+    """The tokenizer of a model directory, the same object type in every role (workers,
+    validator and trainer must turn a prompt into the same ids): the plain ``tokenizers``
+    one where that is exactly what transformers would run, else transformers' own."""
+    path = _model_dir(path)
+    lite = load_lite_tokenizer(path)
+    if lite is not None:
+        return lite
+    from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model.eval()
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    return model, tok
+    return tok
+
+
+def _transformers_model(path: Path):
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    # Loading a million-parameter checkpoint every step: per-load progress bars are noise.
+    hf_logging.disable_progress_bar()
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def load_policy(path: Path):
+    """(model in float32 eval mode, tokenizer) from any Hugging Face causal LM directory,
+    to sample from or prefill: a Llama-family model without transformers' classes
+    (``model.lite``, seconds of imports less per process), any other through them."""
+    path = _model_dir(path)
+    model = load_lite_model(path)
+    return (model if model is not None else _transformers_model(path)), load_tokenizer(path)
+
+
+def load_trainable(path: Path):
+    """(transformers model in float32 eval mode, tokenizer): what the trainer trains and
+    writes back with ``save_pretrained``."""
+    path = _model_dir(path)
+    return _transformers_model(path), load_tokenizer(path)
 
 
 def write_rounded_copy(src: Path, dest: Path, dtype: torch.dtype = torch.bfloat16) -> Path:

@@ -22,11 +22,13 @@ from __future__ import annotations
 import contextlib
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedModel
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 FAST_ARCHITECTURES = {"llama", "qwen2", "mistral"}
 _FAST_MODELS: weakref.WeakKeyDictionary[PreTrainedModel, FastLlama] = weakref.WeakKeyDictionary()

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedModel
 
 from swarmrl.generation.fast_llama import (
     FastLlama,
@@ -36,6 +36,9 @@ from swarmrl.generation.fast_llama import (
     prefill_prompts,
     supports_fast_path,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 GROW_SLOTS = 8  # key/value cache growth per reallocation (see _fast_sample)

@@ -24,10 +24,10 @@ products round differently; docs/validator.md gives the measured disagreement.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from transformers import PreTrainedModel
 
 from swarmrl.generation.fast_llama import (
     continuation_states,
@@ -35,6 +35,9 @@ from swarmrl.generation.fast_llama import (
     length_batches,
     supports_fast_path,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # Elements of one float64 [rows, vocab] statistics array (128 MiB).
 _STATS_ELEMENTS = 1 << 24
