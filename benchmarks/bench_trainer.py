@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from swarmrl.checkpoints import load_trainable, save_checkpoint
+from swarmrl.checkpoints import load_policy, save_checkpoint
 from swarmrl.trainer import distributed
 from swarmrl.trainer.batches import Sample, token_samples
 from swarmrl.trainer.update import UpdateSettings, rollout_update
@@ -98,7 +98,7 @@ def child(args) -> None:
     torch.set_num_threads(1)
     ranks = distributed.join()
     base_rss = _rss_mb()
-    model, tok = load_trainable(args.model)
+    model, tok = load_policy(args.model)
     loaded_rss = _rss_mb()
     model = distributed.prepare_model(model, ranks, args.ac, "fp32")
     sharded_rss = _rss_mb()

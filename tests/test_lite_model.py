@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -161,10 +162,16 @@ def test_tokenizer_matches_transformers(tmp_path, warm_model_dir):
         text = "".join(rng.choice(alphabet, size=int(rng.integers(0, 30))))
         ids = lite(text)["input_ids"]
         assert ids == hf(text)["input_ids"], text
+        for special in (True, False):
+            assert lite.encode(text, add_special_tokens=special) == hf.encode(
+                text, add_special_tokens=special
+            )
         for skip in (True, False):
             assert lite.decode(ids, skip_special_tokens=skip) == hf.decode(
                 ids, skip_special_tokens=skip
             )
+    for token in ("7", "<eos>", "(", "never a token"):
+        assert lite.convert_tokens_to_ids(token) == hf.convert_tokens_to_ids(token)
     # Written into a checkpoint, its files are the ones read, and transformers reads them.
     out = tmp_path / "tok"
     out.mkdir()
@@ -184,14 +191,18 @@ def test_tokenizer_with_settings_of_its_own_loads_through_transformers(tmp_path,
 
 
 def test_sampling_roles_start_without_transformers(warm_model_dir):
-    """Workers, the validator and the evaluation import and load a policy without
-    transformers (seconds of CPU per process at a run's start)."""
+    """Workers, the validator, the trainer and the evaluation import and load a policy,
+    and `swarmrl run` checks `--model.path`, without transformers (seconds of CPU per
+    process at a run's start)."""
     code = (
         "import sys\n"
         "import swarmrl.commands.roles, swarmrl.inference.worker, swarmrl.validator.service\n"
+        "import swarmrl.trainer.trainer\n"
         "import swarmrl.evaluation\n"
         "from swarmrl.checkpoints import load_policy\n"
+        "from swarmrl.run.launch import check_model_dir\n"
         "load_policy(sys.argv[1])\n"
+        "check_model_dir(__import__('pathlib').Path(sys.argv[1]))\n"
         "print(sorted(m for m in sys.modules if m.startswith(('transformers', 'torch._dynamo'))))\n"
     )
     done = subprocess.run(
@@ -201,3 +212,52 @@ def test_sampling_roles_start_without_transformers(warm_model_dir):
         check=True,
     )
     assert done.stdout.strip() == "[]"
+
+
+def _grads(model, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    model.train()
+    model.zero_grad(set_to_none=True)
+    logits = model(input_ids=ids, use_cache=False).logits
+    torch.log_softmax(logits, -1)[..., 5].sum().backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def test_trains_and_saves_as_transformers_does(tmp_path, warm_model_dir):
+    """The trainer's use: the same gradients (with and without activation checkpointing),
+    and a written checkpoint that transformers loads with the same weights."""
+    lite, hf = load_lite_model(warm_model_dir), _hf(warm_model_dir)
+    ids = torch.randint(4, 100, (4, 30), generator=torch.Generator().manual_seed(2))
+    ours, theirs = _grads(lite, ids), _grads(hf, ids)
+    assert sorted(ours) == sorted(theirs)
+    for name in ours:
+        torch.testing.assert_close(ours[name], theirs[name], rtol=1e-4, atol=1e-6)
+    lite.gradient_checkpointing_enable()
+    for name, grad in _grads(lite, ids).items():
+        torch.testing.assert_close(grad, ours[name], rtol=0, atol=1e-6)
+
+    with torch.no_grad():
+        for p in lite.parameters():
+            p.add_(0.01)
+    out = tmp_path / "saved"
+    out.mkdir()
+    lite.save_pretrained(out)
+    again = _hf(out)
+    mine = lite.state_dict()
+    for name, tensor in again.state_dict().items():
+        assert torch.equal(tensor, mine[name]), name
+    assert json.loads((out / "config.json").read_text())["dtype"] == "float32"
+    assert (out / "generation_config.json").read_bytes() == (
+        warm_model_dir / "generation_config.json"
+    ).read_bytes()
+    assert load_lite_model(out) is not None
+
+
+def test_generic_paths_refuse_a_lite_model_with_a_clear_error(warm_model_dir):
+    from swarmrl.validator.prefill import recompute
+
+    model, tok = load_policy(warm_model_dir)
+    params = SamplingParams(temperature=1.0, max_new_tokens=4, eos_token_id=tok.eos_token_id)
+    with pytest.raises(ValueError, match="fast path"):
+        sample(model, [[5, 6]], [1], params, pad_id=0, fast=False)
+    with pytest.raises(ValueError, match="fast path"):
+        recompute(model, [[5, 6]], [[7]], temperature=1.0, top_p=1.0, eos_id=2, fast=False)

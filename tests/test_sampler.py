@@ -61,8 +61,12 @@ def test_finished_sequences_stop_and_record_eos(warm_model_dir):
 @pytest.mark.slow  # builds a warm-started model (about 150 training steps)
 def test_rows_leaving_the_batch_and_cache_growth_change_nothing(warm_model_dir):
     """The fast path drops finished rows mid-loop and grows its cache in steps; each
-    sample must still equal the generic path's (which does neither)."""
-    model, tok = load_policy(warm_model_dir)
+    sample must still equal the generic path's (which does neither: transformers' own
+    forward, so the model is loaded through transformers)."""
+    from transformers import AutoModelForCausalLM
+
+    _, tok = load_policy(warm_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(warm_model_dir, dtype=torch.float32).eval()
     params = SamplingParams(temperature=0.6, max_new_tokens=48, eos_token_id=tok.eos_token_id)
     prompts = [
         tok(f"{a}+{b} think {t}\n")["input_ids"]

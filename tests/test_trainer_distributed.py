@@ -29,7 +29,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from helpers import built_once
-from swarmrl.checkpoints import load_policy, load_trainable
+from swarmrl.checkpoints import load_policy
 from swarmrl.identity import Identity
 from swarmrl.orchestrator import OrchestratorConfig, OrchestratorThread
 from swarmrl.protocol import PoolClient
@@ -79,7 +79,7 @@ def _update(
 ):
     """One rollout update from the saved weights; (stats, full weights) on rank 0."""
     torch.manual_seed(0)
-    model, tok = load_trainable(model_dir)
+    model, tok = load_policy(model_dir)
     model = distributed.prepare_model(model, ranks, False, precision)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.99), weight_decay=0.01)
     settings = UpdateSettings(**{**SETTINGS.__dict__, "micro_batch_samples": micro})
@@ -249,7 +249,7 @@ def test_per_rank_normalization_does_not_match(two_ranks, reference):
 @pytest.mark.slow
 def test_state_saved_at_two_ranks_resumes_in_one_process(two_ranks, model_dir):
     saved = torch.load(two_ranks / "2x1", weights_only=False)
-    model, tok = load_trainable(model_dir)
+    model, tok = load_policy(model_dir)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.99), weight_decay=0.01)
     progress = load_trainer_state(two_ranks / "2x1-state", model, opt, Ranks())
     assert progress["optimizer_steps"] == 2

@@ -57,19 +57,13 @@ def _transformers_model(path: Path):
 
 
 def load_policy(path: Path):
-    """(model in float32 eval mode, tokenizer) from any Hugging Face causal LM directory,
-    to sample from or prefill: a Llama-family model without transformers' classes
-    (``model.lite``, seconds of imports less per process), any other through them."""
+    """(model in float32 eval mode, tokenizer) from any Hugging Face causal LM directory:
+    what workers sample from, the validator prefills and the trainer trains and writes
+    back (``save_pretrained``). A Llama-family model loads without transformers' classes
+    (``model.lite``: seconds of imports less per process), any other through them."""
     path = _model_dir(path)
     model = load_lite_model(path)
     return (model if model is not None else _transformers_model(path)), load_tokenizer(path)
-
-
-def load_trainable(path: Path):
-    """(transformers model in float32 eval mode, tokenizer): what the trainer trains and
-    writes back with ``save_pretrained``."""
-    path = _model_dir(path)
-    return _transformers_model(path), load_tokenizer(path)
 
 
 def write_rounded_copy(src: Path, dest: Path, dtype: torch.dtype = torch.bfloat16) -> Path:

@@ -221,6 +221,16 @@ def supports_fast_path(model: PreTrainedModel) -> bool:
     )
 
 
+def require_own_forward(model: PreTrainedModel, what: str) -> None:
+    """The generic paths run a transformers model's own forward (its cache classes, its
+    masks); a model loaded by ``model/lite.py`` is a Llama-family one, for the fast path."""
+    if not hasattr(model, "get_input_embeddings"):
+        raise ValueError(
+            f"{what}: {type(model).__name__} has no transformers forward to run; "
+            "it runs on the fast path (fast=None or True)"
+        )
+
+
 def fast_decoder(model: PreTrainedModel) -> FastLlama:
     """The cached ``FastLlama`` of ``model`` (built on first use, rebuilt after in-place
     weight updates). The caller checks ``supports_fast_path`` first."""

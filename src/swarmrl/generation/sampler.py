@@ -34,6 +34,7 @@ from swarmrl.generation.fast_llama import (
     left_pad,
     on_device,
     prefill_prompts,
+    require_own_forward,
     supports_fast_path,
 )
 
@@ -309,4 +310,5 @@ def sample(
     with on_device(next(model.parameters()).device):
         if use_fast:
             return _fast_sample(fast_decoder(model), prompts, seeds, params, pad_id, capture_hidden)
+        require_own_forward(model, "sample(fast=False)")
         return _generic_sample(model, prompts, seeds, params, pad_id, capture_hidden)

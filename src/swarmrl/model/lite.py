@@ -1,11 +1,13 @@
 """Llama-family model directories loaded with plain torch, safetensors and tokenizers.
 
-Why: importing transformers' model classes costs 2-3 CPU-seconds per process, and a
-run starts several processes that only sample and prefill (the workers, the validator,
-the evaluation) on two cores at once. Those go through ``generation.fast_llama``, which
-reads the weights by their Hugging Face module names; this module builds that module
-tree from ``config.json`` and the safetensors files, with the same parameter names, so
-``state_dict()`` and every reader of it see a Hugging Face checkpoint's layout.
+Why: importing transformers' model classes costs 2-3 CPU-seconds per process (about 4
+with its tokenizer classes), and a run starts the trainer, the workers, the validator and
+the evaluation on two cores at once. Sampling and prefill go through
+``generation.fast_llama``, which reads the weights by their Hugging Face module names;
+this module builds that module tree from ``config.json`` and the safetensors files, with
+the same parameter names, so ``state_dict()`` and every reader of it see a Hugging Face
+checkpoint's layout, and the trainer trains it and writes it back (``save_pretrained``)
+as a Hugging Face model directory.
 
 It takes only what it can reproduce exactly; anything else is ``None`` and the caller
 loads through transformers (``checkpoints.load_policy``):
@@ -30,7 +32,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from swarmrl.generation.fast_llama import FAST_ARCHITECTURES
@@ -66,9 +68,11 @@ class LiteConfig:
     bos_token_id: int | None = None
 
 
-def lite_config(raw: dict[str, Any]) -> LiteConfig | None:
+def lite_config(raw: Any) -> LiteConfig | None:
     """The config of ``raw`` (a parsed config.json), or None when this module cannot
     reproduce transformers' model for it exactly."""
+    if not isinstance(raw, dict):
+        return None
     model_type = raw.get("model_type")
     if model_type not in FAST_ARCHITECTURES:
         return None
@@ -76,6 +80,7 @@ def lite_config(raw: dict[str, Any]) -> LiteConfig | None:
         return None
     if raw.get("sliding_window") and raw.get("use_sliding_window", model_type == "mistral"):
         return None
+    theta: Any
     rope = raw.get("rope_parameters")
     if rope is not None:
         if not isinstance(rope, dict) or rope.get("rope_type", "default") != "default":
@@ -238,13 +243,22 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+        self.checkpointing = False
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(ids)
         positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
         cos, sin = self.rotary_emb(x, positions)
+        recompute = self.checkpointing and self.training and torch.is_grad_enabled()
+        if recompute:
+            from torch.utils.checkpoint import checkpoint
         for layer in self.layers:
-            x = layer(x, cos, sin)
+            # Non-reentrant checkpointing composes with FSDP2's hooks.
+            x = (
+                checkpoint(layer, x, cos, sin, use_reentrant=False)
+                if recompute
+                else layer(x, cos, sin)
+            )
         return self.norm(x)
 
 
@@ -256,11 +270,17 @@ class LiteOutput:
 class LiteCausalLM(nn.Module):
     """A Llama-family causal LM under Hugging Face's module and parameter names."""
 
-    def __init__(self, cfg: LiteConfig) -> None:
+    # What the sharded trainer reads off a transformers model, under the same names.
+    _no_split_modules = ("DecoderLayer",)
+    supports_gradient_checkpointing = True
+
+    def __init__(self, cfg: LiteConfig, files: dict[str, bytes] | None = None) -> None:
         super().__init__()
         self.config = cfg
         self.model = Decoder(cfg)
         self.lm_head = _linear(cfg.hidden_size, cfg.vocab_size, False)
+        # config.json and generation_config.json as read: a checkpoint carries them on.
+        self._files = files or {}
 
     @property
     def dtype(self) -> torch.dtype:
@@ -281,6 +301,35 @@ class LiteCausalLM(nn.Module):
         if attention_mask is not None:
             raise ValueError("LiteCausalLM takes right-padded ids and no attention mask")
         return LiteOutput(self.lm_head(self.model(input_ids)))
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: Any = None) -> None:
+        """Recompute each decoder layer's activations in the backward pass (always the
+        non-reentrant kind)."""
+        self.model.checkpointing = True
+
+    def save_pretrained(
+        self, dest: Path, state_dict: dict[str, torch.Tensor] | None = None
+    ) -> None:
+        """Write a Hugging Face model directory: the config as read, in float32 (the
+        weights' dtype here), and ``model.safetensors`` (a tied output head once, under
+        the embedding's name, as transformers writes it)."""
+        dest = Path(dest)
+        weights = dict(self.state_dict() if state_dict is None else state_dict)
+        if self.config.tie_word_embeddings:
+            weights.pop("lm_head.weight", None)
+        save_file(
+            {name: t.detach().contiguous() for name, t in weights.items()},
+            dest / "model.safetensors",
+            metadata={"format": "pt"},
+        )
+        config = json.loads(self._files["config.json"])
+        for key in ("dtype", "torch_dtype"):
+            if key in config:
+                config[key] = "float32"
+        config.setdefault("dtype", "float32")
+        (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        if "generation_config.json" in self._files:
+            (dest / "generation_config.json").write_bytes(self._files["generation_config.json"])
 
 
 def expected_names(cfg: LiteConfig) -> set[str]:
@@ -313,7 +362,15 @@ def load_lite_model(path: Path) -> LiteCausalLM | None:
     """The model of directory ``path`` in float32 eval mode, or None when this module
     does not reproduce it exactly (then load it through transformers)."""
     path = Path(path)
-    cfg = lite_config(json.loads((path / "config.json").read_text()))
+    kept = {
+        name: (path / name).read_bytes()
+        for name in ("config.json", "generation_config.json")
+        if (path / name).is_file()
+    }
+    try:
+        cfg = lite_config(json.loads(kept["config.json"]))
+    except (KeyError, ValueError):
+        return None  # transformers then says what is wrong with it
     files = _weight_files(path)
     if cfg is None or files is None:
         return None
@@ -324,7 +381,7 @@ def load_lite_model(path: Path) -> LiteCausalLM | None:
         return None
     if any(not t.is_floating_point() for t in weights.values()):
         return None
-    model = LiteCausalLM(cfg)
+    model = LiteCausalLM(cfg, kept)
     model.load_state_dict(
         {name: t.float() for name, t in weights.items()}, strict=False, assign=True
     )
@@ -351,6 +408,7 @@ class LiteTokenizer:
         self._core = core
         self.eos_token_id = specials["eos_token"]
         self.bos_token_id = specials["bos_token"]
+        self.unk_token_id = specials["unk_token"]
         # load_policy's rule for a tokenizer without one: pad with the end token.
         pad = specials["pad_token"]
         self.pad_token_id = pad if pad is not None else self.eos_token_id
@@ -358,8 +416,16 @@ class LiteTokenizer:
     def __len__(self) -> int:
         return self._core.get_vocab_size(with_added_tokens=True)
 
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._core.encode(text, add_special_tokens=add_special_tokens).ids
+
     def __call__(self, text: str) -> dict[str, list[int]]:
-        return {"input_ids": self._core.encode(text, add_special_tokens=True).ids}
+        return {"input_ids": self.encode(text)}
+
+    def convert_tokens_to_ids(self, token: str) -> int | None:
+        """The token's id; an unknown one maps to the unknown token's (None without one)."""
+        found = self._core.token_to_id(token)
+        return found if found is not None else self.unk_token_id
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self._core.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -394,7 +460,7 @@ def load_lite_tokenizer(path: Path) -> LiteTokenizer | None:
     }
     core = Tokenizer.from_str(files["tokenizer.json"].decode("utf-8"))
     specials: dict[str, int | None] = {}
-    for key in ("eos_token", "bos_token", "pad_token"):
+    for key in ("eos_token", "bos_token", "pad_token", "unk_token"):
         name = _special(config, key)
         specials[key] = core.token_to_id(name) if name is not None else None
         if name is not None and specials[key] is None:

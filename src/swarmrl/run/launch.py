@@ -25,7 +25,8 @@ from swarmrl.supervisor import ProcessSpec, SwarmError
 def read_model_config(path: Path) -> dict:
     """`path`'s config.json, if it is a JSON object naming a `model_type`; else SwarmError
     with one line. The quick check, before any process starts; `check_model_dir` is the
-    whole one (transformers' parser: seconds of imports, so made beside the pool's start)."""
+    whole one (for a model outside model/lite.py's, transformers' parser: seconds of
+    imports, so made beside the pool's start)."""
     if not (path / "config.json").is_file():
         raise SwarmError(
             f"model.path {path} is not a Hugging Face model directory (no config.json)"
@@ -45,7 +46,10 @@ def read_model_config(path: Path) -> dict:
 
 def check_model_dir(path: Path) -> None:
     """Raise SwarmError with one line unless `path` is a loadable Hugging Face model directory."""
-    read_model_config(path)
+    from swarmrl.model.lite import lite_config
+
+    if lite_config(read_model_config(path)) is not None:
+        return  # a config model/lite.py reads whole: the roles load it without transformers
     from transformers import AutoConfig
 
     try:

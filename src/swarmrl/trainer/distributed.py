@@ -24,14 +24,16 @@ import signal
 import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from transformers import PreTrainedModel
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # Ranks other than 0 wait in a broadcast while rank 0 waits for the step's rollouts, which
 # takes as long as the swarm takes: the collectives' timeout must outlast any such wait.

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from swarmrl.checkpoints import (
-    load_trainable,
+    load_policy,
     prune_checkpoints,
     save_checkpoint,
     trainer_state_path,
@@ -126,14 +126,14 @@ class Trainer:
         self.ranks = distributed.join()
         latest = latest_checkpoint(self.ckpt_root) if self.ranks.is_main else None
         if latest is None and self.ranks.is_main:
-            model, tok = load_trainable(start_model)
+            model, tok = load_policy(start_model)
             save_checkpoint(self.ckpt_root, 0, model, tok)
             latest = 0
         elif self.ranks.is_main:
             log.info("resuming run %s at step %d/%d", cfg.run_name, latest, cfg.trainer.steps)
         latest = distributed.broadcast(self.ranks, latest)
         self.step = latest
-        model, self.tok = load_trainable(checkpoint_dir(self.ckpt_root, latest))
+        model, self.tok = load_policy(checkpoint_dir(self.ckpt_root, latest))
         tc = cfg.trainer
         # The strict reader's bounds come from the model as loaded (vocabulary, context).
         bounds = RolloutBounds.for_run(

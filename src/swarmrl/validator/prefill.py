@@ -33,6 +33,7 @@ from swarmrl.generation.fast_llama import (
     continuation_states,
     fast_decoder,
     length_batches,
+    require_own_forward,
     supports_fast_path,
 )
 
@@ -144,6 +145,7 @@ def recompute(
             fast_decoder(model), prompts, completions, token_budget=token_budget
         )
     else:
+        require_own_forward(model, "recompute(fast=False)")
         states = _forward_states(model, prompts, completions, token_budget)
     head = model.get_output_embeddings()
     flat = torch.cat(states)
