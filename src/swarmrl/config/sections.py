@@ -253,7 +253,10 @@ class TrainerConfig(_Section):
         description="learning rate after the warm-up: constant, or cosine decay to lr * lr_final_ratio at the last step",
     )
     lr_final_ratio: float = Field(
-        0.1, ge=0, le=1, description="learning rate at the last step over lr (lr_schedule = cosine)"
+        0.5,
+        ge=0,
+        le=1,
+        description="learning rate at the last step over lr (lr_schedule = cosine); 0.5 leaves the late steps enough to learn the length (docs/trainer.md)",
     )
 
     @field_validator("icepop_band", "seq_mask_band")
