@@ -64,6 +64,12 @@ def main() -> None:
     model_dir = args.model or ensure_default_model()
     model, tok = load_policy(model_dir)
     model.to(device)
+    # `generate` is transformers' own: its arm runs on the same weights loaded through it.
+    from transformers import AutoModelForCausalLM
+
+    hf_model = (
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval().to(device)
+    )
     task = ArithmeticTask()
     distinct = [
         tok(task.render_prompt(task.train_problem(i * 7919), 32 + 8 * (i % 2)))["input_ids"]
@@ -107,7 +113,7 @@ def main() -> None:
         torch.manual_seed(seed)
         start = synced()
         with torch.inference_mode():
-            out = model.generate(
+            out = hf_model.generate(
                 input_ids=ids,
                 attention_mask=mask,
                 do_sample=True,

@@ -193,6 +193,14 @@ def test_canonical_text_and_recovery_never_crash(
         recover_signer(text, signature)
 
 
+@pytest.mark.parametrize(
+    "text", ["0x" + "1" * 63, "0x" + "11" * 31 + " 1", "11" * 31 + "1g", "0x" + "0" * 64, ""]
+)
+def test_a_key_is_exactly_64_hex_digits_of_a_valid_key(text):
+    with pytest.raises(ValueError):
+        Identity.from_hex(text)
+
+
 def test_signatures_and_addresses_agree_with_eth_account():
     """The same key signs the same bytes as eth-account's EIP-191 signer (RFC 6979 nonces,
     low s), and both recover the same signer, with v written as 27/28 or as 0/1."""

@@ -17,7 +17,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from swarmrl.checkpoints import load_policy, load_tokenizer
 from swarmrl.generation.sampler import SamplingParams, sample, supports_fast_path
-from swarmrl.model.lite import LiteCausalLM, LiteTokenizer, lite_config, load_lite_model
+from swarmrl.model.lite import (
+    LiteCausalLM,
+    LiteTokenizer,
+    lite_config,
+    load_lite_model,
+    load_lite_tokenizer,
+)
 from swarmrl.model.tokenizer import build_char_tokenizer
 
 
@@ -62,7 +68,7 @@ def _assert_same_model(path: Path) -> LiteCausalLM:
         ):
             assert torch.equal(a, b)
     # The sampler's fast path over either object draws the same tokens with the same logprobs.
-    tok = load_tokenizer(path)
+    tok = build_char_tokenizer()  # the ids only (transformers swaps qwen2's tokenizer class)
     params = SamplingParams(temperature=1.0, max_new_tokens=10, eos_token_id=tok.eos_token_id)
     prompts = [tok("347+285 think 41")["input_ids"], tok("5+6 think 32")["input_ids"]]
     assert supports_fast_path(lite) and supports_fast_path(hf)
@@ -126,8 +132,23 @@ def test_what_it_cannot_reproduce_loads_through_transformers(tmp_path, warm_mode
         {"model_type": "mistral", "sliding_window": 16},
         {"pretraining_tp": 2},
         {"num_attention_heads": "four"},
+        {"attention_dropout": 0.1},
+        {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+        {"rope_parameters": {"type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
+        {"model_type": "mistral", "sliding_window": 4096},
+        {"model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": True},
+        "not an object",
     ):
+        if isinstance(change, str):
+            assert lite_config(change) is None
+            continue
         assert lite_config({**raw, **change}) is None, change
+
+    # Defaults that differ between transformers' architectures: left to transformers.
+    mistral = {k: v for k, v in raw.items() if k != "sliding_window"}
+    assert lite_config({**mistral, "model_type": "mistral"}) is None  # its default window
+    no_kv = {k: v for k, v in raw.items() if k != "num_key_value_heads"}
+    assert lite_config({**no_kv, "model_type": "qwen2"}) is None
 
     # A weight file with a tensor the architecture does not have: transformers decides.
     odd = tmp_path / "odd"
@@ -139,12 +160,13 @@ def test_what_it_cannot_reproduce_loads_through_transformers(tmp_path, warm_mode
     model, _ = load_policy(odd)
     assert not isinstance(model, LiteCausalLM)
 
-    # A Hugging Face model outside the Llama family.
+    # A Hugging Face model outside the Llama family: transformers' model and tokenizer
+    # (the lite tokenizer is for llama models only).
     from transformers import GPT2Config
 
     gpt2 = _tiny(tmp_path, "gpt2", GPT2Config(vocab_size=100, n_embd=32, n_layer=1, n_head=2))
     model, tok = load_policy(gpt2)
-    assert not isinstance(model, LiteCausalLM) and isinstance(tok, LiteTokenizer)
+    assert not isinstance(model, LiteCausalLM) and not isinstance(tok, LiteTokenizer)
 
 
 def test_tokenizer_matches_transformers(tmp_path, warm_model_dir):
@@ -182,12 +204,79 @@ def test_tokenizer_matches_transformers(tmp_path, warm_model_dir):
 
 
 def test_tokenizer_with_settings_of_its_own_loads_through_transformers(tmp_path, warm_model_dir):
-    for change in ({"tokenizer_class": "LlamaTokenizer"}, {"add_bos_token": True}):
+    for change in (
+        {"tokenizer_class": "LlamaTokenizer"},
+        {"add_bos_token": True},
+        {"additional_special_tokens": ["<x>"]},
+        {"auto_map": {"AutoTokenizer": ["x.Tok", None]}},
+    ):
         path = tmp_path / next(iter(change))
         shutil.copytree(warm_model_dir, path)
         config = json.loads((path / "tokenizer_config.json").read_text())
         (path / "tokenizer_config.json").write_text(json.dumps({**config, **change}))
-        assert not isinstance(load_tokenizer(path), LiteTokenizer)
+        assert not isinstance(load_tokenizer(path), LiteTokenizer), change
+    # A model type whose tokenizer class transformers replaces (qwen2), and a special
+    # tokens file transformers merges: transformers' own tokenizer.
+    qwen = tmp_path / "qwen"
+    shutil.copytree(warm_model_dir, qwen)
+    config = json.loads((qwen / "config.json").read_text())
+    (qwen / "config.json").write_text(json.dumps({**config, "model_type": "qwen2"}))
+    assert load_lite_tokenizer(qwen) is None
+    mapped = tmp_path / "mapped"
+    shutil.copytree(warm_model_dir, mapped)
+    (mapped / "special_tokens_map.json").write_text(json.dumps({"eos_token": "<pad>"}))
+    assert load_lite_tokenizer(mapped) is None
+
+
+def test_tokenizer_json_truncation_and_padding_are_not_applied(tmp_path, warm_model_dir):
+    """transformers' plain call neither truncates nor pads, whatever tokenizer.json says."""
+    path = tmp_path / "tok"
+    shutil.copytree(warm_model_dir, path)
+    spec = json.loads((path / "tokenizer.json").read_text())
+    spec["truncation"] = {
+        "direction": "Right",
+        "max_length": 4,
+        "strategy": "LongestFirst",
+        "stride": 0,
+    }
+    spec["padding"] = {
+        "strategy": {"Fixed": 40},
+        "direction": "Right",
+        "pad_to_multiple_of": None,
+        "pad_id": 0,
+        "pad_type_id": 0,
+        "pad_token": "<pad>",
+    }
+    (path / "tokenizer.json").write_text(json.dumps(spec))
+    lite, hf = load_lite_tokenizer(path), AutoTokenizer.from_pretrained(path)
+    assert lite is not None
+    text = "347+285 think 41"
+    assert lite(text)["input_ids"] == hf(text)["input_ids"] and len(lite(text)["input_ids"]) == len(
+        text
+    )
+
+
+def test_a_qwen2_config_with_its_window_switched_off_takes_the_fast_path(tmp_path):
+    """Stock Qwen2.5 configs carry sliding_window 32768 with use_sliding_window false."""
+    from transformers import Qwen2Config
+
+    path = _tiny(
+        tmp_path,
+        "qwen25",
+        Qwen2Config(
+            vocab_size=100,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        ),
+    )
+    config = json.loads((path / "config.json").read_text())
+    config.update(sliding_window=32768, use_sliding_window=False)
+    (path / "config.json").write_text(json.dumps(config))
+    model = _assert_same_model(path)
+    assert supports_fast_path(model) and model.name_or_path == str(path)
 
 
 def test_sampling_roles_start_without_transformers(warm_model_dir):

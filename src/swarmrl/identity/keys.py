@@ -8,6 +8,7 @@ of the public key, EIP-55 checksummed), the same as the reference protocol's.
 from __future__ import annotations
 
 import os
+import re
 import stat
 import sys
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from eth_utils import keccak, to_checksum_address
 # raising RecursionError. Every process that signs or verifies imports this module first:
 # the interpreter's default again, for all of them.
 RECURSION_LIMIT = 1000
+_KEY_DIGITS = re.compile(r"[0-9a-fA-F]{64}")
 sys.setrecursionlimit(min(sys.getrecursionlimit(), RECURSION_LIMIT))
 
 
@@ -57,10 +59,9 @@ class Identity:
         if not isinstance(key_hex, str):
             raise TypeError(f"a key is a hex string, not {type(key_hex).__name__}")
         digits = key_hex[2:] if key_hex[:2] in ("0x", "0X") else key_hex
-        if len(digits) != 64:
-            raise ValueError(f"a key is 64 hex digits, not {len(digits)}")
-        # bytes.fromhex raises ValueError on a non-hex digit; coincurve on a zero key or
-        # one past the curve's order.
+        if not _KEY_DIGITS.fullmatch(digits):
+            raise ValueError("a key is exactly 64 hex digits")
+        # coincurve raises ValueError on a zero key or one past the curve's order.
         return cls.of(PrivateKey(bytes.fromhex(digits)))
 
     def key_hex(self) -> str:

@@ -15,9 +15,10 @@ loads through transformers (``checkpoints.load_policy``):
   default rotary embedding (no scaling), weights in one safetensors file or an index of
   shards whose names are exactly the expected ones; computed in float32, as
   ``load_policy`` loads any model;
-- tokenizers: a ``tokenizer.json`` whose ``tokenizer_config.json`` names the generic
-  fast tokenizer class (``TokenizersBackend`` or ``PreTrainedTokenizerFast``), which
-  transformers runs through the same ``tokenizers`` object with nothing added.
+- tokenizers: a llama model's ``tokenizer.json`` whose ``tokenizer_config.json`` names
+  the generic fast tokenizer class (``TokenizersBackend`` or ``PreTrainedTokenizerFast``)
+  and no setting or special token of its own, which transformers runs through the same
+  ``tokenizers`` object with nothing added.
 
 ``forward`` follows Hugging Face's Llama forward op for op (a causal pass over
 right-padded ids; ``tests/test_lite_model.py`` compares the two).
@@ -38,7 +39,7 @@ from torch import nn
 from swarmrl.generation.fast_llama import FAST_ARCHITECTURES
 
 GENERIC_TOKENIZERS = {"TokenizersBackend", "PreTrainedTokenizerFast"}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 @dataclass(frozen=True)
@@ -78,22 +79,34 @@ def lite_config(raw: Any) -> LiteConfig | None:
         return None
     if raw.get("hidden_act", "silu") != "silu" or raw.get("pretraining_tp", 1) != 1:
         return None
-    if raw.get("sliding_window") and raw.get("use_sliding_window", model_type == "mistral"):
+    if raw.get("attention_dropout", 0.0):  # transformers applies it in training
+        return None
+    # A window transformers would apply: Mistral's whenever one is set (its default,
+    # 4096, when the key is absent), Qwen2's when use_sliding_window says so.
+    if model_type == "mistral" and ("sliding_window" not in raw or raw["sliding_window"]):
+        return None
+    if raw.get("sliding_window") and raw.get("use_sliding_window", False):
+        return None
+    # Transformers' defaults for an absent head count differ by architecture.
+    if model_type != "llama" and "num_key_value_heads" not in raw:
+        return None
+    if raw.get("rope_scaling"):  # transformers prefers it to rope_parameters
         return None
     theta: Any
     rope = raw.get("rope_parameters")
     if rope is not None:
-        if not isinstance(rope, dict) or rope.get("rope_type", "default") != "default":
+        if not isinstance(rope, dict):
+            return None
+        if rope.get("rope_type", rope.get("type", "default")) != "default":
             return None
         theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
     else:
-        if raw.get("rope_scaling"):
-            return None
         theta = raw.get("rope_theta", 10000.0)
     try:
         heads = int(raw["num_attention_heads"])
         hidden = int(raw["hidden_size"])
-        attention_bias = bool(raw.get("attention_bias", False))
+        # Mistral's layers have no biases whatever the config says.
+        attention_bias = bool(raw.get("attention_bias", False)) and model_type == "llama"
         return LiteConfig(
             model_type=model_type,
             vocab_size=int(raw["vocab_size"]),
@@ -110,7 +123,7 @@ def lite_config(raw: Any) -> LiteConfig | None:
             qkv_bias=True if model_type == "qwen2" else attention_bias,
             o_bias=False if model_type == "qwen2" else attention_bias,
             mlp_bias=bool(raw.get("mlp_bias", False)) if model_type == "llama" else False,
-            sliding_window=raw.get("sliding_window"),
+            sliding_window=None,  # an active window was refused above
             max_position_embeddings=raw.get("max_position_embeddings"),
             eos_token_id=raw.get("eos_token_id"),
             pad_token_id=raw.get("pad_token_id"),
@@ -281,6 +294,7 @@ class LiteCausalLM(nn.Module):
         self.lm_head = _linear(cfg.hidden_size, cfg.vocab_size, False)
         # config.json and generation_config.json as read: a checkpoint carries them on.
         self._files = files or {}
+        self.name_or_path: str = ""  # the directory it was loaded from
 
     @property
     def dtype(self) -> torch.dtype:
@@ -314,6 +328,7 @@ class LiteCausalLM(nn.Module):
         weights' dtype here), and ``model.safetensors`` (a tied output head once, under
         the embedding's name, as transformers writes it)."""
         dest = Path(dest)
+        dest.mkdir(parents=True, exist_ok=True)
         weights = dict(self.state_dict() if state_dict is None else state_dict)
         if self.config.tie_word_embeddings:
             weights.pop("lm_head.weight", None)
@@ -382,11 +397,15 @@ def load_lite_model(path: Path) -> LiteCausalLM | None:
     if any(not t.is_floating_point() for t in weights.values()):
         return None
     model = LiteCausalLM(cfg, kept)
-    model.load_state_dict(
-        {name: t.float() for name, t in weights.items()}, strict=False, assign=True
-    )
+    try:
+        model.load_state_dict(
+            {name: t.float() for name, t in weights.items()}, strict=False, assign=True
+        )
+    except RuntimeError:  # a tensor of another shape than the config gives
+        return None
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
+    model.name_or_path = str(path)  # as transformers' models say it: the vLLM engine reads it
     return model.eval()
 
 
@@ -432,6 +451,7 @@ class LiteTokenizer:
 
     def save_pretrained(self, dest: Path) -> None:
         """Write the tokenizer's files as they were read (a checkpoint carries them unchanged)."""
+        Path(dest).mkdir(parents=True, exist_ok=True)
         for name, data in self._files.items():
             (Path(dest) / name).write_bytes(data)
 
@@ -450,20 +470,45 @@ def load_lite_tokenizer(path: Path) -> LiteTokenizer | None:
         return None
     if config.get("tokenizer_class") not in GENERIC_TOKENIZERS:
         return None
-    # Settings transformers applies on top of the tokenizers object.
+    # AutoTokenizer swaps the declared class for its own for some model types (qwen2,
+    # phi3, ...) and has special routes for others; the generic class is kept as
+    # declared for llama.
+    try:
+        model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if model_type != "llama":
+        return None
+    # Settings and special tokens transformers applies on top of the tokenizers object.
     if config.get("clean_up_tokenization_spaces") or any(
-        key in config for key in ("add_bos_token", "add_eos_token", "add_prefix_space")
+        key in config
+        for key in (
+            "add_bos_token",
+            "add_eos_token",
+            "add_prefix_space",
+            "auto_map",
+            "added_tokens_decoder",
+            "additional_special_tokens",
+            "extra_special_tokens",
+        )
     ):
+        return None
+    if (path / "special_tokens_map.json").exists():
         return None
     files = {
         name: (path / name).read_bytes() for name in TOKENIZER_FILES if (path / name).is_file()
     }
     core = Tokenizer.from_str(files["tokenizer.json"].decode("utf-8"))
+    # A plain call in transformers neither truncates nor pads.
+    core.no_truncation()
+    core.no_padding()
+    special_ids = {i for i, t in core.get_added_tokens_decoder().items() if t.special}
     specials: dict[str, int | None] = {}
     for key in ("eos_token", "bos_token", "pad_token", "unk_token"):
         name = _special(config, key)
         specials[key] = core.token_to_id(name) if name is not None else None
-        if name is not None and specials[key] is None:
+        # Transformers makes each named one a special token (skipped by decode).
+        if name is not None and specials[key] not in special_ids:
             return None
     if specials["eos_token"] is None:
         return None
