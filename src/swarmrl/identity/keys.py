@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from coincurve import PrivateKey
+from coincurve import PrivateKey, PublicKey
 from eth_utils import keccak, to_checksum_address
 
 # A library a process imports (py_ecc, through eth-account, raised it to 100,000) must not
@@ -31,10 +31,10 @@ class KeyFileError(ValueError):
     """A key file is missing, unreadable, malformed or readable by others."""
 
 
-def address_of(key: PrivateKey) -> str:
-    """The Ethereum address of a key: the last 20 bytes of the Keccak-256 hash of the
-    uncompressed public key (without its 0x04 prefix), EIP-55 checksummed."""
-    return to_checksum_address(keccak(key.public_key.format(compressed=False)[1:])[-20:])
+def address_of(public: PublicKey) -> str:
+    """The Ethereum address of a public key: the last 20 bytes of the Keccak-256 hash of
+    its uncompressed form (without the 0x04 prefix), EIP-55 checksummed."""
+    return to_checksum_address(keccak(public.format(compressed=False)[1:])[-20:])
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class Identity:
 
     @classmethod
     def of(cls, key: PrivateKey) -> Identity:
-        return cls(key, address_of(key))
+        return cls(key, address_of(key.public_key))
 
     @classmethod
     def generate(cls) -> Identity:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from coincurve import PublicKey
 from eth_utils import keccak, to_checksum_address
 
-from swarmrl.identity.keys import Identity
+from swarmrl.identity.keys import Identity, address_of
 
 PROTOCOL = "swarmrl/2"
 HEADER_POOL = "X-Pool"
@@ -163,7 +163,7 @@ def recover_signer(text: str, signature: bytes) -> str:
         public = PublicKey.from_signature_and_message(
             signature[:64] + bytes([recovery_id]), eip191_digest(text), hasher=None
         )
-        return to_checksum_address(keccak(public.format(compressed=False)[1:])[-20:])
+        return address_of(public)
     except Exception as exc:  # noqa: BLE001 (libsecp256k1 refuses bad bytes with several types)
         raise SignatureError(
             f"signature does not recover to any key ({type(exc).__name__})"
