@@ -524,3 +524,49 @@ def test_new_members_join_at_the_pool_rate_and_members_rejoin_freely(tmp_path):
         assert join(third).address == third.address
     finally:
         ledger.close()
+
+
+# -- signatures recovered with coincurve: forged bytes through the real process ----------
+
+_ORDER = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141  # secp256k1's n
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        lambda sig: sig[:64] + bytes([35]),  # an EIP-155-style v
+        lambda sig: sig[:64] + bytes([29]),
+        lambda sig: bytes(32) + sig[32:],  # r = 0
+        lambda sig: sig[:32] + bytes(32) + sig[64:],  # s = 0
+        lambda sig: _ORDER.to_bytes(32, "big") + sig[32:],  # r = n
+        lambda sig: b"\xff" * 65,
+        lambda sig: sig[:10] + bytes([sig[10] ^ 1]) + sig[11:],  # another signer
+        lambda sig: sig[:64],  # too short for the header's shape
+    ],
+    ids=["v35", "v29", "r0", "s0", "r-order", "all-ff", "flipped-bit", "short"],
+)
+def test_forged_signature_bytes_are_refused_by_the_live_process(server, forge):
+    """Each forged signature on an honest heartbeat is a 401 (or the header's 400/422), and
+    the process answers on; the same request with the recovery id written bare (v 0/1,
+    as some Ethereum tools write it) passes."""
+    proc, url, worker, *_ = server
+    body = b'{"policy_step": 0}'
+    pool = pool_id(url)
+
+    def signed(transform):
+        headers = sign_request(
+            worker.identity, "POST", "/v1/heartbeat", body_digest(body), pool=pool
+        )
+        sig = bytes.fromhex(headers["X-Signature"][2:])
+        return headers | {"X-Signature": "0x" + transform(sig).hex()} | JSON
+
+    r = httpx.post(url + "/v1/heartbeat", content=body, headers=signed(forge), timeout=30)
+    assert r.status_code in (400, 401, 422), r.text
+    bare = httpx.post(
+        url + "/v1/heartbeat",
+        content=body,
+        headers=signed(lambda sig: sig[:64] + bytes([sig[64] - 27])),
+        timeout=30,
+    )
+    assert bare.status_code == 200, bare.text
+    assert alive(proc, url)
