@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -85,3 +86,28 @@ def vllm_only() -> pytest.MarkDecorator:
         missing is not None,
         reason=f"{missing}; the vLLM tests run in the vLLM venv (`pip install -e .[vllm]`)",
     )
+
+
+def settled_shard_bytes(stats, quiet: float = 0.3, timeout: float = 10.0) -> int:
+    """A shardcast server's shard-byte count once no response is still being counted.
+
+    The server counts a response when sendfile returns, which can be after the client has
+    read the last byte; the count is taken once it has not moved for `quiet` seconds.
+    """
+    value, since, deadline = stats.shard_bytes, time.monotonic(), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        now = stats.shard_bytes
+        if now != value:
+            value, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            break
+    return value
+
+
+def wait_for_shard_bytes(stats, expected: int, timeout: float = 10.0) -> int:
+    """The server's shard-byte count once it reaches `expected` (or the timeout passes)."""
+    deadline = time.monotonic() + timeout
+    while stats.shard_bytes != expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return stats.shard_bytes

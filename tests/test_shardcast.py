@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 
 import swarmrl
+from helpers import settled_shard_bytes, wait_for_shard_bytes
 from swarmrl.shardcast.client import (
     FetchError,
     IntegrityError,
@@ -199,17 +200,13 @@ def test_server_binds_loopback_serves_ranges_and_counts_bytes(origin):
         byte_range=(100, 4195),
     )
     assert b"".join(parts) == shard[100:4196]
-    before = json.loads(get_bytes(f"{server.url}/stats.json", 5))["shard_bytes"]
+    before = settled_shard_bytes(server.stats)
+    assert json.loads(get_bytes(f"{server.url}/stats.json", 5))["shard_bytes"] == before
     assert (
         get_bytes(f"{server.url}/v5/{shard_name(0)}", 5)
         == (publisher.root / "v5" / shard_name(0)).read_bytes()
     )
-    deadline = (
-        time.monotonic() + 5
-    )  # the server counts a response once sendfile returns, maybe after we read it
-    while server.stats.shard_bytes != before + SHARD and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.stats.shard_bytes == before + SHARD
+    assert wait_for_shard_bytes(server.stats, before + SHARD) == before + SHARD
     for path in [
         "/v5/../.retired.json",
         "/.retired.json",

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
+from helpers import settled_shard_bytes, wait_for_shard_bytes
 from swarmrl.shardcast.client import fetch
 from swarmrl.shardcast.delta import DeltaError, DeltaManifest, decode_block, encode_block
 from swarmrl.shardcast.layout import LayoutError, Manifest, ShardInfo, shard_name
@@ -125,10 +126,11 @@ def test_a_relay_mirrors_deltas_and_serves_them(published, tmp_path):
     served = start_server(relay.store.root, guard=relay.guard)
     try:
         dest = holding_v1(served.url, tmp_path / "dest")
-        before = served.stats.shard_bytes
+        before = settled_shard_bytes(served.stats)
         result = fetch([served.url], 2, dest)
         assert result.route == "delta" and tree(result.path) == tree(ckpts[2])
-        assert served.stats.shard_bytes - before == result.bytes_fetched
+        expected = before + result.bytes_fetched
+        assert wait_for_shard_bytes(served.stats, expected) == expected
         # a delta shard damaged in the relay's store is never served: the relay drops the
         # delta (it is optional) and the client takes the full shards
         shutil.rmtree(dest / "v2")
@@ -174,10 +176,11 @@ def delta_size(root: Path) -> int:
 
 def test_a_relay_holding_the_base_fetches_only_the_delta(relay_holding_v1, tmp_path):
     origin, server, relay, ckpts = relay_holding_v1
-    before = server.stats.shard_bytes
+    before = settled_shard_bytes(server.stats)
     assert relay.sync_once() == [2]
     # the relay's link carried the delta only, not the full shards as well
-    assert server.stats.shard_bytes - before == delta_size(origin.root)
+    expected = before + delta_size(origin.root)
+    assert wait_for_shard_bytes(server.stats, expected) == expected
     for index in range(
         len(Manifest.from_json((origin.root / "v2" / "manifest.json").read_text()).shards)
     ):
@@ -206,12 +209,13 @@ def test_a_relay_whose_held_base_is_damaged_fetches_the_full_shards(relay_holdin
     data = bytearray(shard.read_bytes())
     data[5] ^= 0x10
     shard.write_bytes(bytes(data))
-    before = server.stats.shard_bytes
+    before = settled_shard_bytes(server.stats)
     assert relay.sync_once() == [2]
     full = Manifest.from_json((origin.root / "v2" / "manifest.json").read_text()).file_size
     # the delta (kept, though the rebuild from the damaged base failed its hash), then
     # the full shards
-    assert server.stats.shard_bytes - before == full + delta_size(origin.root)
+    expected = before + full + delta_size(origin.root)
+    assert wait_for_shard_bytes(server.stats, expected) == expected
     assert Manifest.from_json((relay.store.root / "v2" / "manifest.json").read_text()).deltas == (
         1,
     )
