@@ -202,8 +202,15 @@ def _run(
         ):
             sup.start(role)
         # Imported only now (torch and the model classes: seconds), beside the pool's start.
+        import torch
+
         from swarmrl.evaluation import evaluate
         from swarmrl.validator.service import verdict_counts
+
+        # The evaluations run beside the pool's processes: with torch's default of a
+        # thread per core, its threads spin waiting for a contended core (on 2 cores the
+        # two evaluations cost ~25 CPU-seconds instead of ~3, and slowed the pool).
+        torch.set_num_threads(1)
 
         if cfg.model.path:
             check_model_dir(start_model)
