@@ -24,7 +24,10 @@ RUSAGE_CHILDREN around the subprocess, with this process made a child subreaper 
 grandchild that outlives its parent is still counted); and startup: seconds from the
 command's start to its first step record. Per mode: median and min–max over seeds,
 accuracy against sync in points, wall time and CPU-seconds over TRL's, and the seeds
-on which the mode's accuracy beat TRL's. Everything also goes to OUT/results.json.
+on which the mode's accuracy beat TRL's; for `swarmrl run`'s modes, the CPU-seconds of
+each kind of process (trainer, workers, orchestrator, validator, relays, and `run`, the
+command itself: evaluations, origin server), from each run's `summary.json`.
+Everything also goes to OUT/results.json.
 
     python benchmarks/bench_learning.py                          # 5 seeds, every mode
     python benchmarks/bench_learning.py --seeds 1 --steps 3 --modes sync,async2   # a smoke test
@@ -189,8 +192,32 @@ def swarm_run(mode: str, seed: int, args, model: Path, extra: list[str]) -> RunR
             "samples_generated": summary["samples_generated"],
             "samples_trained": summary["samples_trained"],
             "generated_per_read": summary["generated_per_read"],
+            "cpu_seconds_by_process": summary.get("cpu_seconds"),
         }
     return result
+
+
+def process_kind(name: str) -> str:
+    """A process's kind: worker-1 and worker-0 are both `worker`, relay-0 `relay`."""
+    head, _, tail = name.rpartition("-")
+    return head if head and tail.isdigit() else name
+
+
+def cpu_by_kind(runs: list[RunResult]) -> dict[str, dict] | None:
+    """Per kind of process, the spread over runs of its CPU-seconds (a kind's processes
+    added up within a run), from each run's summary; None when no run reported them."""
+    per_run = []
+    for r in runs:
+        cpu = r.extra.get("cpu_seconds_by_process")
+        if cpu:
+            kinds: dict[str, float] = {}
+            for name, seconds in cpu.items():
+                kinds[process_kind(name)] = kinds.get(process_kind(name), 0.0) + seconds
+            per_run.append(kinds)
+    if not per_run:
+        return None
+    names = sorted({k for kinds in per_run for k in kinds})
+    return {k: spread([kinds.get(k, 0.0) for kinds in per_run]) for k in names}
 
 
 def trl_run(seed: int, args, model: Path, extra: list[str]) -> RunResult:
@@ -292,6 +319,7 @@ def aggregate(runs: list[RunResult], modes: list[str]) -> dict:
             "wall_seconds": spread(values(mode, "wall_seconds")),
             "cpu_seconds": spread(values(mode, "cpu_seconds")),
             "first_step_seconds": spread(values(mode, "first_step_seconds")),
+            "cpu_seconds_by_kind": cpu_by_kind(ok[mode]),
         }
 
     def median(mode: str, key: str) -> float | None:
@@ -375,6 +403,11 @@ def print_table(table: dict) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
         if i == 0:
             print("  ".join("-" * w for w in widths))
+    for mode, row in table.items():
+        kinds = row.get("cpu_seconds_by_kind")
+        if kinds:
+            parts = ", ".join(f"{k} {med_range(v, '.0f')}" for k, v in kinds.items())
+            print(f"{mode}: CPU-seconds by process (a kind's processes added up): {parts}")
 
 
 def git_state() -> dict:

@@ -205,6 +205,11 @@ def test_the_pool_on_loopback_trains_only_issued_uploaded_recomputed_files(
 
     # Workers got their policies through the relay: bytes served by the origin and relay.
     assert summary["bytes_served"]["relay-0"] > 0 and summary["bytes_served"]["origin"] > 0
+    # Each process's CPU-seconds: every role that ran (each imported torch or at least
+    # Python), and the command's own.
+    cpu = summary["cpu_seconds"]
+    assert {"orchestrator", "trainer", "worker-0", "validator", "relay-0", "run"} <= set(cpu)
+    assert all(seconds > 0 for seconds in cpu.values()), cpu
     # The validator judged what the orchestrator handed it (fraction 1: every file).
     counts = summary["validation"]
     assert counts["fraction"] == 1 and counts["accepted"] >= 4

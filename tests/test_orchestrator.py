@@ -717,6 +717,32 @@ def test_validator_restart_resumes_pending(tmp_path):
         p.stop()
 
 
+def test_a_restarted_validator_gets_its_leased_file_back_at_once(tmp_path):
+    # The default lease (600 s): a validator killed while judging, then started again,
+    # registers again, and the file its previous process held is handed to it at once
+    # (in a run a step may be waiting for that file).
+    p = make_pool(tmp_path)
+    p.trainer.announce_checkpoint(0, BLAKE)
+    try:
+        worker, a = _assignment(p)
+        info = p.upload_for(worker, a)
+        assert p.validator.next_for_validation().submission.file_hash == info.file_hash
+        assert p.validator.next_for_validation().submission is None  # leased
+        # Another validator's registration gives back only its own leases.
+        other = Identity.generate()
+        with open(tmp_path / "allowlist", "a") as allowlist:
+            allowlist.write(f"{other.address} validator\n")
+        p.restart()  # the orchestrator reads its allowlist at start
+        p.client(other).register("validator")
+        assert p.client(other).next_for_validation().submission is None
+        p.validator.register("validator")
+        assert p.validator.next_for_validation().submission.file_hash == info.file_hash
+        assert p.client(other).next_for_validation().submission is None  # leased again
+        assert p.ledger_problems() == []
+    finally:
+        p.stop()
+
+
 def test_checkpoint_announcements(pool):
     hb = pool.workers[0].heartbeat(0)
     assert (hb.step, hb.checkpoint.blake3, hb.async_level, hb.finished) == (0, BLAKE, 2, False)

@@ -203,7 +203,7 @@ def test_status_counts_trained_files_and_the_ledger_check_has_a_command(tmp_path
         db.execute("UPDATE alembic_version SET version_num = '0004'")
     checked = swarmrl("pool", "check", "--ledger", ledger)
     assert checked.returncode == 2, checked.stderr
-    assert "its schema is at 0004, this swarmrl's at 0007" in checked.stderr
+    assert "its schema is at 0004, this swarmrl's at 0008" in checked.stderr
     with sqlite3.connect(tmp_path / "ledger.db") as db:
         assert db.execute("SELECT version_num FROM alembic_version").fetchall() == [("0004",)]
 

@@ -120,6 +120,8 @@ def test_a_role_that_keeps_failing_is_restarted_with_backoff_then_ends_the_run(t
         and sum("restarted" in s for s in said) == 2
     )
     assert json.loads((tmp_path / "processes.json").read_text())["flaky"]["restarts"] == 2
+    # the CPU-seconds of all three processes (each imported Python and swarmrl's CLI)
+    assert sup.cpu_seconds["flaky"] > 0.1
 
 
 def test_stop_ends_a_server_role_and_its_group(tmp_path):
@@ -141,6 +143,7 @@ def test_stop_ends_a_server_role_and_its_group(tmp_path):
     assert sup.alive() == []
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)
+    assert sup.cpu_seconds["relay-0"] > 0.05  # counted when stop() reaped it
 
 
 def test_run_differences_name_what_the_checkpoints_depend_on(tmp_path):

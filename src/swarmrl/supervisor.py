@@ -86,6 +86,20 @@ def _exited(proc: subprocess.Popen) -> bool:
         return True
 
 
+def _reap(proc: subprocess.Popen) -> float:
+    """Wait for `proc` and set its return code; returns the CPU-seconds (user + system) it
+    and the descendants it waited for used (0 when it was reaped already)."""
+    if proc.returncode is not None:
+        return 0.0
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    except ChildProcessError:  # reaped elsewhere: Popen knows no more than we do
+        proc.wait()
+        return 0.0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is empty
         os.killpg(proc.pid, sig)
@@ -106,6 +120,8 @@ class Supervisor:
         self.notify = notify
         self.clock = clock
         self.roles: dict[str, _Running] = {}
+        # CPU-seconds of each role's processes that have exited (restarts add up)
+        self.cpu_seconds: dict[str, float] = {}
         self.ejected: set[str] = set()  # roles that exited with EXIT_EJECTED
         self.stopping = False
         # A signal handler that would raise while a process is being started and
@@ -147,7 +163,9 @@ class Supervisor:
             proc = running.proc
             if proc is not None and not running.done and _exited(proc):
                 _signal_group(proc, signal.SIGKILL)  # its leftovers go with it
-                code = proc.wait()
+                self._count(name, _reap(proc))
+                code = proc.returncode
+                assert code is not None
                 if code == 0 and running.role.finishes:
                     running.done = True
                     continue
@@ -194,19 +212,24 @@ class Supervisor:
     def stop(self) -> None:
         """SIGTERM every process group, wait up to the grace period, then SIGKILL them all."""
         self.stopping = True
-        live = [
-            r.proc for r in self.roles.values() if r.proc is not None and r.proc.returncode is None
-        ]
-        for proc in live:
+        live = {
+            name: r.proc
+            for name, r in self.roles.items()
+            if r.proc is not None and r.proc.returncode is None
+        }
+        for proc in live.values():
             _signal_group(proc, signal.SIGTERM)
         deadline = time.monotonic() + self.policy.stop_grace_seconds
-        while time.monotonic() < deadline and not all(_exited(p) for p in live):
+        while time.monotonic() < deadline and not all(_exited(p) for p in live.values()):
             time.sleep(0.05)
-        for proc in live:
+        for name, proc in live.items():
             _signal_group(proc, signal.SIGKILL)
-            proc.wait()
+            self._count(name, _reap(proc))
         for running in self.roles.values():
             running.restart_at = None
+
+    def _count(self, name: str, cpu_seconds: float) -> None:
+        self.cpu_seconds[name] = self.cpu_seconds.get(name, 0.0) + cpu_seconds
 
     def kill_all(self) -> int:
         """SIGKILL every process group at once; returns how many were still running."""

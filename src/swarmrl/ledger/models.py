@@ -187,6 +187,9 @@ class Submission(Base):
     state: Mapped[SubmissionState] = mapped_column(String(16), index=True)
     to_validate: Mapped[bool] = mapped_column(Boolean)
     validation_claimed_at: Mapped[float | None] = mapped_column(Float)
+    # The validator holding the lease: its next registration (a restarted process) gives
+    # the lease back rather than leave the file waiting out validation_lease_seconds.
+    validation_claimed_by: Mapped[str | None] = mapped_column(String(42))
     uploaded_at: Mapped[float] = mapped_column(Float, index=True)
     trained_step: Mapped[int | None] = mapped_column(Integer)
     trained_at: Mapped[float | None] = mapped_column(Float)

@@ -147,6 +147,8 @@ class Pool:
                     pool_recipe=self.recipe,
                     now=now,
                 )
+                if req.role == "validator":
+                    validation.release_leases(s, caller.address)
                 self._view = None
                 return joined
         except Replayed:

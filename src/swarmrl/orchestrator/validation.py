@@ -43,10 +43,32 @@ def next_for_validation(
     if sub is None:
         return api.ValidationTask(submission=None)
     sub.validation_claimed_at = now
+    sub.validation_claimed_by = validator
     a = s.get_one(Assignment, sub.assignment_id)
     return api.ValidationTask(
         submission=submission_info(sub), assignment=assignments.assignment_info(a)
     )
+
+
+def release_leases(s: Session, validator: str) -> int:
+    """Give back the validation leases `validator` holds on files still waiting for a
+    verdict; the number given back. Called when it registers again: a validator judges
+    one file at a time and holds none when it (re)starts, so a lease of its previous
+    process would only keep the file, and a step waiting for it, from any validator
+    until the lease ran out."""
+    held = s.scalars(
+        select(Submission).where(
+            Submission.validation_claimed_by == validator,
+            Submission.state == "pending",
+            Submission.validation_claimed_at.is_not(None),
+        )
+    ).all()
+    for sub in held:
+        sub.validation_claimed_at = None
+        sub.validation_claimed_by = None
+    if held:
+        log.info("validator %s registered again: %d lease(s) given back", validator, len(held))
+    return len(held)
 
 
 def submission_of(

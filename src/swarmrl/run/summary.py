@@ -100,6 +100,11 @@ class RunSummary(BaseModel):
     accounts: dict[str, WorkerAccount] = Field(description="per worker process, its funds")
     cheaters: list[Cheater] = Field(description="per adversary, caught or not")
     wall_seconds: float = Field(description="the run's wall-clock time")
+    cpu_seconds: dict[str, float] = Field(
+        description="CPU-seconds (user + system) per process: each role's (its restarts and "
+        "the children it waited for added up) and `run`, this command's own (the "
+        "evaluations, the origin's server, the supervision)"
+    )
 
     @field_serializer("cheaters")
     def _cheaters(self, cheaters: list[Cheater]) -> list[dict]:

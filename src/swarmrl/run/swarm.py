@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import signal
 import time
 from collections.abc import Sequence
@@ -295,6 +296,7 @@ def _run(
         accounts=worker_accounts(watch.status, names),
         cheaters=cheaters_summary(adversaries, keys, watch, sup.ejected),
         wall_seconds=round(time.time() - started, 1),
+        cpu_seconds=cpu_by_process(sup.cpu_seconds),
     )
     summary.write(folder.summary)
     summary.print(console)
@@ -305,6 +307,13 @@ def _run(
         tracked.finish()
         console.print(f"summary logged to MLflow run {tracked.run_id}")
     return summary
+
+
+def cpu_by_process(roles: dict[str, float]) -> dict[str, float]:
+    """Each role's CPU-seconds and this process's own (`run`), rounded to 0.1 s."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    spent = {**roles, "run": own.ru_utime + own.ru_stime}
+    return {name: round(seconds, 1) for name, seconds in spent.items()}
 
 
 def report_heldout(

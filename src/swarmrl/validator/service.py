@@ -4,7 +4,8 @@ one signed verdict per file.
 - Which files: the orchestrator's choice (HMAC of its secret and the file hash against
   its validation fraction); a worker cannot tell which of its files will be checked.
   `next_for_validation` hands out one file at a time, leased: a validator killed while
-  judging gets it (or another validator does) again once the lease runs out.
+  judging gets it back when it registers again, another validator once the lease runs
+  out.
 - Each file is downloaded into ``<run>/validator/inbox/`` (hash-checked), judged with
   every check (verdict.py) against the prompts its assignment's seed gives and the
   claimed checkpoint, fetched through SHARDCAST from the relays the heartbeat names (the
