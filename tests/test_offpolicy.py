@@ -30,10 +30,10 @@ def test_none_weighs_every_completion_token_one():
     assert stats.masked == 0 and stats.tokens == 2
 
 
-def test_the_default_tis_cap_never_weighs_a_token_up():
-    # The run config's default (cap 1): a token whose probability rose since it was
-    # sampled, or one whose claimed logprob is forged far below the truth, keeps weight 1.
-    bw, stats = _weights([[0.5, 1.0, 1.5, 1e12]], "tis")
+def test_a_tis_cap_of_1_never_weighs_a_token_up():
+    # A token whose probability rose since it was sampled, or one whose claimed logprob is
+    # forged far below the truth, keeps weight 1.
+    bw, stats = _weights([[0.5, 1.0, 1.5, 1e12]], "tis", tis_cap=1.0)
     assert bw.weights.tolist() == [[0.5, 1.0, 1.0, 1.0]]
     assert stats.weight_max == 1.0 and stats.masked == 0
 
