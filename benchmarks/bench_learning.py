@@ -506,6 +506,7 @@ def main() -> None:
         f"{args.steps} steps each; model {model}; extra flags {extra or 'none'}; out {args.out}"
     )
     started = time.time()
+    code = git_state()  # what ran: taken before the runs, not after
     runs: list[RunResult] = []
     for done, (seed, mode) in enumerate(plan, 1):
         if mode == "trl":
@@ -519,7 +520,7 @@ def main() -> None:
     print_table(table)
     results = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        **git_state(),
+        **code,
         "model": str(model),
         "modes": modes,
         "seeds": list(seeds),
