@@ -83,6 +83,16 @@ ENDPOINTS = [
         "trainer",
         {"role": "trainer", "recipe": {"run_id": "test", "steps": 3, "batch_samples": 8}},
     ),
+    # A validator registering again gives back its validation leases (validation.py).
+    (
+        "POST",
+        "/v1/register",
+        "validator",
+        {
+            "role": "validator",
+            "recipe": {"run_id": "test", "prompts_per_assignment": 2, "group_size": 2},
+        },
+    ),
     ("POST", "/v1/heartbeat", "worker", {"policy_step": 0}),
     ("POST", "/v1/heartbeat", "trainer", {"policy_step": 0, "bytes_served": 4_270_080}),
     ("POST", "/v1/assignments", "worker", {"policy_step": 0}),

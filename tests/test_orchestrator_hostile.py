@@ -266,6 +266,22 @@ def test_a_request_replayed_into_another_pool_is_refused(server, tmp_path):
         stop(proc_b)
 
 
+def test_a_stranger_registering_as_a_validator_is_refused_and_the_process_lives(server):
+    # Registering again as a validator gives back that validator's leases: a key the
+    # allowlist does not name is refused before anything of the kind, and a replay of
+    # the refused request is refused again.
+    proc, url, *_ = server
+    stranger = Identity.generate()
+    body = api.RegisterRequest(role="validator").model_dump_json().encode()
+    headers = sign_request(stranger, "POST", "/v1/register", body_digest(body), pool=pool_id(url))
+    first = httpx.post(url + "/v1/register", content=body, headers=headers | JSON, timeout=30)
+    assert first.status_code == 403 and "allowlist" in first.json()["detail"], first.text
+    again = httpx.post(url + "/v1/register", content=body, headers=headers | JSON, timeout=30)
+    assert 400 <= again.status_code < 500, again.text
+    assert all(m.address != stranger.address for m in PoolClient(url, None).status().members)
+    assert alive(proc, url)
+
+
 def _signed_the_old_way(identity: Identity, method: str, path: str, body: bytes) -> dict:
     """Headers a swarmrl/1 client sends: its text names no pool, and no X-Pool header."""
     timestamp, nonce = int(time.time()), os.urandom(16).hex()

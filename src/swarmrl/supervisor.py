@@ -86,20 +86,6 @@ def _exited(proc: subprocess.Popen) -> bool:
         return True
 
 
-def _reap(proc: subprocess.Popen) -> float:
-    """Wait for `proc` and set its return code; returns the CPU-seconds (user + system) it
-    and the descendants it waited for used (0 when it was reaped already)."""
-    if proc.returncode is not None:
-        return 0.0
-    try:
-        _, status, usage = os.wait4(proc.pid, 0)
-    except ChildProcessError:  # reaped elsewhere: Popen knows no more than we do
-        proc.wait()
-        return 0.0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is empty
         os.killpg(proc.pid, sig)
@@ -163,9 +149,7 @@ class Supervisor:
             proc = running.proc
             if proc is not None and not running.done and _exited(proc):
                 _signal_group(proc, signal.SIGKILL)  # its leftovers go with it
-                self._count(name, _reap(proc))
-                code = proc.returncode
-                assert code is not None
+                code = self._reap(name, proc)
                 if code == 0 and running.role.finishes:
                     running.done = True
                     continue
@@ -224,12 +208,23 @@ class Supervisor:
             time.sleep(0.05)
         for name, proc in live.items():
             _signal_group(proc, signal.SIGKILL)
-            self._count(name, _reap(proc))
+            self._reap(name, proc)
         for running in self.roles.values():
             running.restart_at = None
 
-    def _count(self, name: str, cpu_seconds: float) -> None:
-        self.cpu_seconds[name] = self.cpu_seconds.get(name, 0.0) + cpu_seconds
+    def _reap(self, name: str, proc: subprocess.Popen) -> int:
+        """Wait for `proc` (role `name`), add the CPU-seconds (user + system) it and the
+        descendants it waited for used to the role's, and return its exit code."""
+        if proc.returncode is None:
+            try:
+                _, status, usage = os.wait4(proc.pid, 0)
+            except ChildProcessError:  # reaped elsewhere: Popen knows no more than we do
+                return proc.wait()
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            self.cpu_seconds[name] = (
+                self.cpu_seconds.get(name, 0.0) + usage.ru_utime + usage.ru_stime
+            )
+        return proc.returncode
 
     def kill_all(self) -> int:
         """SIGKILL every process group at once; returns how many were still running."""

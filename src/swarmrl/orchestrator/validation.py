@@ -60,7 +60,6 @@ def release_leases(s: Session, validator: str) -> int:
         select(Submission).where(
             Submission.validation_claimed_by == validator,
             Submission.state == "pending",
-            Submission.validation_claimed_at.is_not(None),
         )
     ).all()
     for sub in held:
