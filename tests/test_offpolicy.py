@@ -65,6 +65,52 @@ def test_seq_mask_masks_a_sequence_by_its_geometric_mean_ratio():
     assert stats.masked == 2 and stats.tokens == 5
 
 
+def test_behaviour_clip_masks_tokens_already_moved_in_their_advantages_direction():
+    # rho per token; row 0 has A = +1, row 1 A = -1, row 2 A = 0. With c = 0.2: a rewarded
+    # token whose probability rose past 1.2x since sampling is masked (1.5, 3.0), one that
+    # fell is kept (tis-weighted); a penalised token that fell below 0.8x is masked (0.5).
+    rho = torch.tensor([[0.5, 1.1, 1.5, 3.0], [0.5, 0.9, 1.5, 3.0], [0.5, 0.9, 1.5, 3.0]])
+    current = torch.full_like(rho, -1.0, dtype=torch.float64)
+    behaviour = current - torch.log(rho.double())
+    mask = torch.ones_like(current)
+    adv = torch.tensor([1.0, -1.0, 0.0])
+    settings = OffPolicySettings(mode="tis", tis_cap=2.0, behaviour_clip=0.2)
+    bw = behaviour_weights(current, behaviour, mask, settings, adv)
+    assert bw.weights.tolist() == [
+        [pytest.approx(0.5), pytest.approx(1.1), 0.0, 0.0],
+        [0.0, pytest.approx(0.9), pytest.approx(1.5), 2.0],
+        [pytest.approx(0.5), pytest.approx(0.9), pytest.approx(1.5), 2.0],
+    ]
+    assert behaviour_stats(bw, current, behaviour, mask).masked == 3
+    # Off (c = 0), the same tokens are tis-weighted only; on, it needs the advantages.
+    off = behaviour_weights(current, behaviour, mask, OffPolicySettings(mode="tis"), adv)
+    assert float(off.kept.sum()) == 12
+    with pytest.raises(ValueError, match="advantages"):
+        behaviour_weights(current, behaviour, mask, settings)
+
+
+def test_behaviour_clip_leaves_an_on_policy_step_unchanged():
+    current = -torch.rand(3, 5, dtype=torch.float64) - 0.1
+    mask = torch.ones_like(current)
+    adv = torch.tensor([1.5, -0.5, 0.0])
+    clipped = OffPolicySettings(mode="tis", behaviour_clip=0.2)
+    bw = behaviour_weights(current, current.clone(), mask, clipped, adv)
+    assert bw.weights.tolist() == [[1.0] * 5] * 3
+
+
+@pytest.mark.parametrize("forged", [-1e30, 1e30, math.nan, -math.inf, math.inf])
+def test_behaviour_clip_keeps_a_forged_logprobs_weight_within_the_cap(forged):
+    current = torch.tensor([[-1.0, -0.5, -2.0]] * 2, dtype=torch.float64)
+    behaviour = current.clone()
+    behaviour[:, 1] = forged
+    settings = OffPolicySettings(mode="tis", tis_cap=2.0, behaviour_clip=0.2)
+    bw = behaviour_weights(
+        current, behaviour, torch.ones_like(current), settings, torch.tensor([1.0, -1.0])
+    )
+    assert torch.isfinite(bw.weights).all()
+    assert float(bw.weights.min()) >= 0.0 and float(bw.weights.max()) <= 2.0
+
+
 def test_kl_estimate_is_k3_of_the_behaviour_ratio():
     rho = [2.0, 0.5]
     _, stats = _weights([rho], "none")

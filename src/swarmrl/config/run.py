@@ -115,6 +115,7 @@ RUN_IDENTITY = (
     "trainer.entropy_coef",
     "trainer.off_policy",
     "trainer.tis_cap",
+    "trainer.behaviour_clip",
     "trainer.icepop_band",
     "trainer.seq_mask_band",
     "trainer.lr_schedule",

@@ -19,6 +19,13 @@ where logp_μ is the worker's recorded sampling logprob (`output_logprobs`). Mod
   (verl's geometric-mean rejection);
 - ``none``: w_t = 1 (the loss as before).
 
+On top of any mode, ``behaviour_clip`` c > 0 masks a token whose ratio has already moved
+past the band in its advantage's direction: A > 0 and ρ_t > 1 + c, or A < 0 and
+ρ_t < 1 − c. That is PPO's own clip taken against μ (the policy that drew the sample)
+rather than π_n: once the steps since the sampling have raised a rewarded token's
+probability (or lowered a penalised one's) by c, this step does not push it further on
+the strength of the same, older sample. A synchronous step (ρ ≈ 1) is unchanged.
+
 Trust: a worker's logprob is a claim, and only a fraction of files is validated, so
 every weight is bounded whatever the claim: ≤ cap (tis), ≤ high (icepop), ≤ 1
 (seq_mask), and a non-finite ρ (a NaN or infinite claimed logprob) masks its token. A
@@ -47,6 +54,7 @@ class OffPolicySettings:
     tis_cap: float = _RUN.tis_cap
     band: tuple[float, float] = _RUN.icepop_band  # icepop's token band, ρ in [low, high] kept
     seq_band: tuple[float, float] = _RUN.seq_mask_band  # seq_mask's band on the geometric mean
+    behaviour_clip: float = _RUN.behaviour_clip  # c: mask tokens moved past 1 ± c with A; 0 = off
 
     @classmethod
     def of(cls, trainer: TrainerConfig) -> OffPolicySettings:
@@ -56,6 +64,7 @@ class OffPolicySettings:
             tis_cap=trainer.tis_cap,
             band=trainer.icepop_band,
             seq_band=trainer.seq_mask_band,
+            behaviour_clip=trainer.behaviour_clip,
         )
 
 
@@ -83,11 +92,13 @@ def behaviour_weights(
     behaviour_logprobs: torch.Tensor,
     mask: torch.Tensor,
     settings: OffPolicySettings,
+    advantages: torch.Tensor | None = None,
 ) -> BehaviourWeights:
     """Per-token weights of the correction `settings.mode` (see the module docstring).
 
     current_logprobs: logp under π_n; behaviour_logprobs: the sampler's claimed logp;
-    both [B, T], already at the sampling temperature. Nothing here takes gradients.
+    both [B, T], already at the sampling temperature; advantages: [B], needed when
+    `settings.behaviour_clip` is on. Nothing here takes gradients.
     """
     with torch.no_grad():
         on = mask > 0
@@ -119,6 +130,13 @@ def behaviour_weights(
             weights = torch.ones_like(ratio)
         else:
             raise ValueError(f"unknown off-policy correction {settings.mode!r}")
+        if settings.behaviour_clip > 0:
+            if advantages is None:
+                raise ValueError("behaviour_clip needs the samples' advantages")
+            c = settings.behaviour_clip
+            adv = advantages.double().unsqueeze(-1)
+            moved = ((adv > 0) & (ratio > 1 + c)) | ((adv < 0) & (ratio < 1 - c))
+            kept = kept & ~moved
         weights = torch.where(kept, weights, torch.zeros_like(weights))
         return BehaviourWeights(
             weights=weights.to(current_logprobs.dtype),

@@ -203,7 +203,7 @@ def rollout_update(
                 old_logprobs = logprobs.detach()
             if s.max_update_kl > 0:
                 before.append(logprobs.detach())
-            w = behaviour_weights(old_logprobs, m.behaviour, m.mask, s.off_policy)
+            w = behaviour_weights(old_logprobs, m.behaviour, m.mask, s.off_policy, m.advantages)
             behaviour.append(behaviour_stats(w, old_logprobs, m.behaviour, m.mask))
             out = grpo_loss(
                 GRPOLossInput(
