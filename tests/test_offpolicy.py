@@ -20,7 +20,8 @@ def _weights(rho, mode, mask=None, **kw):
     current = torch.full_like(rho, -1.0)
     behaviour = current - torch.log(rho)
     mask = torch.ones_like(rho) if mask is None else torch.tensor(mask, dtype=torch.float64)
-    bw = behaviour_weights(current, behaviour, mask, OffPolicySettings(mode=mode, **kw))
+    settings = OffPolicySettings(mode=mode, **{"behaviour_clip": 0.0, **kw})  # the mode alone
+    bw = behaviour_weights(current, behaviour, mask, settings)
     return bw, behaviour_stats(bw, current, behaviour, mask)
 
 
@@ -83,7 +84,8 @@ def test_behaviour_clip_masks_tokens_already_moved_in_their_advantages_direction
     ]
     assert behaviour_stats(bw, current, behaviour, mask).masked == 3
     # Off (c = 0), the same tokens are tis-weighted only; on, it needs the advantages.
-    off = behaviour_weights(current, behaviour, mask, OffPolicySettings(mode="tis"), adv)
+    unclipped = OffPolicySettings(mode="tis", behaviour_clip=0.0)
+    off = behaviour_weights(current, behaviour, mask, unclipped, adv)
     assert float(off.kept.sum()) == 12
     with pytest.raises(ValueError, match="advantages"):
         behaviour_weights(current, behaviour, mask, settings)
@@ -127,7 +129,9 @@ def test_a_forged_behaviour_logprob_is_masked_or_bounded(mode, forged):
     behaviour = current.clone()
     behaviour[0, 1] = forged
     mask = torch.ones_like(current)
-    settings = OffPolicySettings(mode=mode, tis_cap=2.0, band=(0.5, 5.0), seq_band=(0.5, 2.0))
+    settings = OffPolicySettings(
+        mode=mode, tis_cap=2.0, band=(0.5, 5.0), seq_band=(0.5, 2.0), behaviour_clip=0.0
+    )
     bw = behaviour_weights(current, behaviour, mask, settings)
     bound = {"tis": 2.0, "icepop": 5.0, "seq_mask": 1.0}[mode]
     assert torch.isfinite(bw.weights).all()
@@ -137,8 +141,9 @@ def test_a_forged_behaviour_logprob_is_masked_or_bounded(mode, forged):
     assert math.isfinite(stats.kl_sum) and math.isfinite(stats.weight_sum)
 
 
+@pytest.mark.parametrize("clip", [0.0, 0.2])
 @pytest.mark.parametrize("mode", ["tis", "icepop"])
-def test_a_forged_logprob_bounds_its_tokens_gradient_in_the_loss(mode):
+def test_a_forged_logprob_bounds_its_tokens_gradient_in_the_loss(mode, clip):
     # The loss's gradient with respect to each token's logprob is w_t * (the unweighted
     # gradient): however extreme the claimed sampling logprob, |d loss / d logp_t| stays
     # within bound(mode) * max(delta, 1 + eps) * |A| / budget.
@@ -149,8 +154,8 @@ def test_a_forged_logprob_bounds_its_tokens_gradient_in_the_loss(mode):
     mask = torch.ones_like(old)
     claimed = old.clone()
     claimed[:, ::2] = -1e6  # the worker claims it sampled these tokens with tiny probability
-    settings = OffPolicySettings(mode=mode, tis_cap=2.0, band=(0.5, 5.0))
-    bw = behaviour_weights(old, claimed, mask, settings)
+    settings = OffPolicySettings(mode=mode, tis_cap=2.0, band=(0.5, 5.0), behaviour_clip=clip)
+    bw = behaviour_weights(old, claimed, mask, settings, adv)
     budget = 24.0
     out = grpo_loss(
         GRPOLossInput(logp, old, adv, mask, budget, token_weights=bw.weights),
@@ -226,7 +231,7 @@ def test_a_step_trains_on_what_it_has_after_reading_max_read_ratio_batches():
 def test_one_default_correction_the_run_configs():
     """The update's default correction is what a default run's trainer uses: tis."""
     from_run = OffPolicySettings.of(load_config(None, {}).trainer)
-    assert from_run.mode == "tis"
+    assert from_run.mode == "tis" and from_run.behaviour_clip == 0.2
     assert OffPolicySettings() == from_run
     update = UpdateSettings(0.6, 48, 0.2, 4.0, 0.0, 1.0, None)
     assert update.off_policy == from_run
