@@ -54,7 +54,7 @@ def _setup(seed: int = 0):
     return model, tok, token_samples(prompts, completions, advantages)
 
 
-def _settings(bound: float) -> UpdateSettings:
+def _settings(bound: float, proximal: str = "step") -> UpdateSettings:
     return UpdateSettings(
         temperature=1.0,
         max_new_tokens=10,
@@ -64,6 +64,7 @@ def _settings(bound: float) -> UpdateSettings:
         grad_clip=1e9,
         micro_batch_samples=None,
         max_update_kl=bound,
+        proximal=proximal,  # type: ignore[arg-type]
     )
 
 
@@ -131,3 +132,48 @@ def test_the_first_minibatch_takes_its_old_logprobs_from_its_own_forward():
     )
     assert calls == [False, True, True]  # was [False, False, True, True]
     assert math.isfinite(stats.loss) and stats.trained_tokens == 80
+
+
+@pytest.mark.parametrize("proximal", ["step", "minibatch"])
+def test_a_minibatch_proximal_policy_needs_no_extra_pass_and_never_clips(proximal):
+    # proximal "minibatch": each minibatch is its own old policy, so no pass before the
+    # first update, and its ratio is 1 (nothing clipped however far the first step moved);
+    # "step": the second minibatch's ratio is taken against the step's start, and with a
+    # learning rate far too large its tokens leave the clip's band.
+    model, tok, samples = _setup(seed=3)
+    calls = []
+    model.register_forward_hook(lambda *_: calls.append(torch.is_grad_enabled()))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    stats = rollout_update(
+        model,
+        opt,
+        samples,
+        [list(range(4)), list(range(4, 8))],
+        [0.05, 0.05],
+        _settings(0.0, proximal),
+        Ranks(),
+        tok.pad_token_id,
+    )
+    if proximal == "minibatch":
+        assert calls == [True, True]
+        assert stats.clip_ratio == 0.0
+    else:
+        assert calls == [False, True, True]
+        assert stats.clip_ratio > 0.0
+    assert math.isfinite(stats.loss) and stats.trained_tokens == 80
+
+
+def test_an_unknown_proximal_policy_is_refused():
+    model, tok, samples = _setup(seed=4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with pytest.raises(ValueError, match="proximal"):
+        rollout_update(
+            model,
+            opt,
+            samples,
+            [list(range(8))],
+            [1e-3],
+            _settings(0.0, "nearby"),
+            Ranks(),
+            tok.pad_token_id,
+        )

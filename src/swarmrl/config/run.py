@@ -116,6 +116,7 @@ RUN_IDENTITY = (
     "trainer.off_policy",
     "trainer.tis_cap",
     "trainer.behaviour_clip",
+    "trainer.proximal",
     "trainer.icepop_band",
     "trainer.seq_mask_band",
     "trainer.lr_schedule",

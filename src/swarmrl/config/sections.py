@@ -194,6 +194,8 @@ class ShardcastConfig(_Section):
 
 # The trainer's corrections for samples of an older policy (trainer/offpolicy.py).
 OffPolicyMode = Literal["none", "tis", "icepop", "seq_mask"]
+# The policy the loss's ratio is taken against (trainer/update.py).
+ProximalMode = Literal["step", "minibatch"]
 
 
 class TrainerConfig(_Section):
@@ -250,6 +252,10 @@ class TrainerConfig(_Section):
     seq_mask_band: tuple[float, float] = Field(
         (0.5, 2.0),
         description="[low, high] band of a sequence's geometric-mean rho kept by off_policy = seq_mask",
+    )
+    proximal: ProximalMode = Field(
+        "step",
+        description="the policy the loss's ratio and clip are taken against: step = the policy at the rollout step's start (the paper's; every minibatch after the first needs one more forward pass to recompute it), minibatch = the live policy at each minibatch (no extra pass, the ratio is 1 and the clip acts only through behaviour_clip; docs/trainer.md)",
     )
     max_update_kl: float = Field(
         0.0,

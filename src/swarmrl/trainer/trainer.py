@@ -326,6 +326,7 @@ class Trainer:
             micro_batch_samples=tc.micro_batch_samples,
             off_policy=OffPolicySettings.of(tc),
             max_update_kl=tc.max_update_kl,
+            proximal=tc.proximal,
         )
         update = rollout_update(
             self.model,

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from swarmrl.config.sections import ProximalMode
 from swarmrl.trainer.batches import Sample
 from swarmrl.trainer.distributed import Ranks, all_max, all_sum, grad_norm_value
 from swarmrl.trainer.loss import GRPOLossInput, grpo_loss, token_logprobs
@@ -53,6 +54,7 @@ class UpdateSettings:
     micro_batch_samples: int | None  # None: a rank's whole share in one pass
     off_policy: OffPolicySettings = field(default_factory=OffPolicySettings)
     max_update_kl: float = 0.0  # trust region on each optimizer step's KL per token; 0 = off
+    proximal: ProximalMode = "step"  # the ratio's policy: the step's start, or each minibatch's
 
 
 @dataclass(frozen=True)
@@ -177,15 +179,21 @@ def rollout_update(
         [_micro(samples, idx, mb[0], pad_id, ranks.device) for idx in plan]
         for mb, plan in zip(minibatches, plans, strict=True)
     ]
-    # The loss's "old" policy is the one at the step's start. For the first minibatch that
-    # is the live policy (nothing has moved yet), so its log-probabilities are its own
-    # forward's, detached: only the later minibatches need a pass before the first update.
-    model.eval()
-    with torch.no_grad():
-        old: list[list[torch.Tensor | None]] = [[None] * len(micros[0])] + [
-            [forward_logprobs(model, m.ids, m.targets, s.temperature)[0] for m in mb_micros]
-            for mb_micros in micros[1:]
-        ]
+    # The loss's "old" policy is the one at the step's start (proximal "step"). For the
+    # first minibatch that is the live policy (nothing has moved yet), so its
+    # log-probabilities are its own forward's, detached: only the later minibatches need a
+    # pass before the first update. With proximal "minibatch" every minibatch is its own
+    # old policy (None: its forward's, detached), and no pass is needed.
+    old: list[list[torch.Tensor | None]] = [[None] * len(mb_micros) for mb_micros in micros]
+    if s.proximal == "step":
+        model.eval()
+        with torch.no_grad():
+            old[1:] = [
+                [forward_logprobs(model, m.ids, m.targets, s.temperature)[0] for m in mb_micros]
+                for mb_micros in micros[1:]
+            ]
+    elif s.proximal != "minibatch":
+        raise ValueError(f"unknown proximal policy {s.proximal!r}")
     model.train()
     behaviour = []
     grad_norms, clip_ratios, entropies, losses, tokens = [], [], [], [], 0
