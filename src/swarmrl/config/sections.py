@@ -244,7 +244,7 @@ class TrainerConfig(_Section):
         0.2,
         ge=0,
         lt=1,
-        description="PPO's clip against the policy that sampled each token, on top of off_policy: a token whose probability has already moved past 1 +- behaviour_clip (the ratio rho = pi_n / worker's sampling probability) in its advantage's direction gets no gradient this step, so an asynchronous step does not push again what the steps since the sampling already moved: the training reward of asynchronous runs dipped below 0.7 after step 10 in 1 run of 10 with it, 6 of 13 without (docs/trainer.md); 0 = off",
+        description="PPO's clip against the policy that sampled each token, on top of off_policy: a token whose probability has already moved past 1 +- behaviour_clip (the ratio rho = pi_n / worker's sampling probability) in its advantage's direction gets no gradient this step, so an asynchronous step does not push again what the steps since the sampling already moved (measured in docs/trainer.md); 0 = off",
     )
     icepop_band: tuple[float, float] = Field(
         (0.5, 5.0), description="[low, high] band of rho kept by off_policy = icepop"

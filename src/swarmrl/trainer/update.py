@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from swarmrl.config.sections import ProximalMode
+from swarmrl.config.sections import ProximalMode, TrainerConfig
 from swarmrl.trainer.batches import Sample
 from swarmrl.trainer.distributed import Ranks, all_max, all_sum, grad_norm_value
 from swarmrl.trainer.loss import GRPOLossInput, grpo_loss, token_logprobs
@@ -54,7 +54,7 @@ class UpdateSettings:
     micro_batch_samples: int | None  # None: a rank's whole share in one pass
     off_policy: OffPolicySettings = field(default_factory=OffPolicySettings)
     max_update_kl: float = 0.0  # trust region on each optimizer step's KL per token; 0 = off
-    proximal: ProximalMode = "step"  # the ratio's policy: the step's start, or each minibatch's
+    proximal: ProximalMode = TrainerConfig().proximal  # the ratio's policy (run config's default)
 
 
 @dataclass(frozen=True)
