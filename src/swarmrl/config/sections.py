@@ -254,8 +254,8 @@ class TrainerConfig(_Section):
         description="[low, high] band of a sequence's geometric-mean rho kept by off_policy = seq_mask",
     )
     proximal: ProximalMode = Field(
-        "step",
-        description="the policy the loss's ratio and clip are taken against: step = the policy at the rollout step's start (the paper's; every minibatch after the first needs one more forward pass to recompute it), minibatch = the live policy at each minibatch (no extra pass, the ratio is 1 and the clip acts only through behaviour_clip; docs/trainer.md)",
+        "minibatch",
+        description="the policy the loss's ratio and clip are taken against: minibatch = the live policy at each minibatch (no extra forward pass; the ratio is 1, so the clip acts only through behaviour_clip), step = the policy at the rollout step's start (the paper's; every minibatch after the first needs one more forward pass to recompute it); measured in docs/trainer.md",
     )
     max_update_kl: float = Field(
         0.0,

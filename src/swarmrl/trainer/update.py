@@ -11,14 +11,16 @@ So the gradient is the sum over all of the minibatch's completion tokens divided
 constant: the same update as one process on the whole minibatch, whatever W and the
 micro-batching (tests/test_trainer_distributed.py checks it to 1e-5).
 
-The old logprobs (policy n at the start of the step) are recomputed the same way, each
-rank for its own share, in a no-grad pass before the first update for every minibatch
-but the first; the first minibatch's are its own forward's, detached (the policy has not
-moved yet, so a pass of its own would give the same numbers). Against them, each token's loss is weighted by the off-policy
-correction (offpolicy.py) of the worker's recorded sampling logprob: the samples were
-drawn by an older policy than n in an asynchronous run. FSDP's gathers are collectives, so every rank runs the same
-number of micro-batches: a rank whose share is shorter runs a masked-out one that adds
-nothing to the loss or the gradient.
+The loss's "old" logprobs are those of its proximal policy (`proximal`). By default
+(`minibatch`) that is the live policy at each minibatch: its own forward's, detached, so
+the ratio is 1 and no extra pass is run. With `step` it is policy n at the step's start:
+recomputed the same way, each rank for its own share, in a no-grad pass before the first
+update for every minibatch but the first (the first minibatch's are its own forward's:
+the policy has not moved yet). Against them, each token's loss is weighted by the
+off-policy correction (offpolicy.py) of the worker's recorded sampling logprob: the
+samples were drawn by an older policy than n in an asynchronous run. FSDP's gathers are
+collectives, so every rank runs the same number of micro-batches: a rank whose share is
+shorter runs a masked-out one that adds nothing to the loss or the gradient.
 """
 
 from __future__ import annotations
@@ -179,11 +181,10 @@ def rollout_update(
         [_micro(samples, idx, mb[0], pad_id, ranks.device) for idx in plan]
         for mb, plan in zip(minibatches, plans, strict=True)
     ]
-    # The loss's "old" policy is the one at the step's start (proximal "step"). For the
-    # first minibatch that is the live policy (nothing has moved yet), so its
-    # log-probabilities are its own forward's, detached: only the later minibatches need a
-    # pass before the first update. With proximal "minibatch" every minibatch is its own
-    # old policy (None: its forward's, detached), and no pass is needed.
+    # With proximal "minibatch" every minibatch is its own old policy (None: its
+    # forward's, detached), and no pass is needed. With "step" the old policy is the one
+    # at the step's start; for the first minibatch that is the live policy (nothing has
+    # moved yet), so only the later minibatches need a pass before the first update.
     old: list[list[torch.Tensor | None]] = [[None] * len(mb_micros) for mb_micros in micros]
     if s.proximal == "step":
         model.eval()
