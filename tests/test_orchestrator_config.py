@@ -51,6 +51,34 @@ def test_the_run_sets_the_recipe_under_the_orchestrators_names():
     assert derived(**{"trainer.steps": 0}).steps is None  # the run's 0: no last step
 
 
+def test_the_run_sets_how_samples_are_drawn_and_scored():
+    s = derived(
+        **{
+            "sampling.temperature": 0.6,
+            "sampling.top_p": 0.9,
+            "sampling.max_new_tokens": 64,
+            "task.target_lengths": [12, 20, 28],
+            "task.length_alpha": 0.05,
+            "task.length_alpha_start": 0.0,
+            "task.length_alpha_steps": 10,
+            "task.length_shaping": "subtract",
+            "task.advantage_mode": "decoupled",
+        }
+    )
+    assert (s.temperature, s.top_p, s.max_new_tokens, s.task) == (0.6, 0.9, 64, "arithmetic")
+    assert (s.target_lengths, s.length_alpha, s.length_alpha_start, s.length_alpha_steps) == (
+        "12,20,28",
+        0.05,
+        0.0,
+        10,
+    )
+    assert (s.length_shaping, s.advantage_mode) == ("subtract", "decoupled")
+    # A task without a target length states an empty list.
+    assert derived(**{"task.target_lengths": []}).target_lengths == ""
+    with pytest.raises(ValueError, match="target_lengths"):
+        OrchestratorConfig(target_lengths="32;41")
+
+
 def test_a_changed_heartbeat_changes_the_orchestrators_and_its_counts():
     s = derived(**{"pool.heartbeat_seconds": 5.0, "pool.dead_seconds": 60.0})
     assert s.heartbeat_seconds == 5.0

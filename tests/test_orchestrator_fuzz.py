@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from pool_fixtures import loopback_client, make_pool, pool_id, rollout_file, signed_raw
+from swarmrl.config import RunConfig
 from swarmrl.identity import Identity, body_digest, sign_request
 from swarmrl.protocol import models as api
+from swarmrl.protocol import recipe
 
 FUZZ = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -82,6 +84,16 @@ ENDPOINTS = [
         "/v1/register",
         "trainer",
         {"role": "trainer", "recipe": {"run_id": "test", "steps": 3, "batch_samples": 8}},
+    ),
+    # The whole recipe a default worker states (protocol/recipe.py).
+    (
+        "POST",
+        "/v1/register",
+        "worker",
+        {
+            "role": "worker",
+            "recipe": recipe.of_run(RunConfig(), "worker").model_dump(exclude_none=True),
+        },
     ),
     # A validator registering again gives back its validation leases (validation.py).
     (

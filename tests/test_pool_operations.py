@@ -316,3 +316,66 @@ def test_each_role_states_only_the_recipe_fields_it_reads():
     assert [line.split(":")[0] for line in said] == ["steps", "batch_samples"]
     small = load_config(None, {"run_name": "r", "trainer.steps": 7, "trainer.batch_samples": 64})
     assert recipe.differences(pool, recipe.of_run(small, "trainer")) == []
+
+
+def test_a_member_that_samples_or_scores_otherwise_is_refused_by_name():
+    # The validator replays each draw and recomputes the rewards: a worker at another
+    # temperature, or with another length coefficient, would write honest files it
+    # rejects. The pool refuses such a member at registration instead, naming the field.
+    from swarmrl.config import load_config
+    from swarmrl.orchestrator.config import orchestrator_settings
+    from swarmrl.protocol import recipe
+
+    pool = recipe.of_pool(
+        orchestrator_settings(load_config(None, {"run_name": "r", "pool.stake": 0.0}))
+    )
+    hot = load_config(None, {"run_name": "r", "sampling.temperature": 0.6})
+    assert recipe.differences(pool, recipe.of_run(hot, "worker")) == [
+        "temperature: the pool's is 1.0, this member's 0.6 (its config's sampling.temperature)"
+    ]
+    scored = load_config(
+        None,
+        {
+            "run_name": "r",
+            "task.length_alpha": 0.1,
+            "task.target_lengths": [20],
+            "task.advantage_mode": "centered",
+        },
+    )
+    said = recipe.differences(pool, recipe.of_run(scored, "validator"))
+    assert [line.split(":")[0] for line in said] == [
+        "target_lengths",
+        "length_alpha",
+        "length_alpha_start",
+        "advantage_mode",
+    ]
+    assert "target_lengths: the pool's is '32,41', this member's '20'" in said[0]
+    # The trainer never samples: its top_p is not its to state.
+    nucleus = load_config(None, {"run_name": "r", "sampling.top_p": 0.9})
+    assert recipe.differences(pool, recipe.of_run(nucleus, "trainer")) == []
+    assert [
+        x.split(":")[0] for x in recipe.differences(pool, recipe.of_run(nucleus, "worker"))
+    ] == ["top_p"]
+
+
+def test_length_curricula_that_score_every_step_alike_state_the_same_recipe():
+    from swarmrl.config import load_config
+    from swarmrl.protocol import recipe
+
+    def stated(**task):
+        cfg = load_config(None, {"run_name": "r", **{f"task.{k}": v for k, v in task.items()}})
+        return recipe.of_run(cfg, "worker")
+
+    none = stated()
+    assert (none.length_alpha_start, none.length_alpha_steps) == (0.2, 0)
+    # A start with no steps to move over is no curriculum, whatever its value.
+    assert stated(length_alpha_start=0.05) == none
+    assert stated(length_alpha_steps=9) == none
+    moving = stated(length_alpha_start=0.05, length_alpha_steps=9)
+    assert (moving.length_alpha_start, moving.length_alpha_steps) == (0.05, 9)
+    assert recipe.differences(none, moving) == [
+        "length_alpha_start: the pool's is 0.2, this member's 0.05 (its config's "
+        "task.length_alpha_start)",
+        "length_alpha_steps: the pool's is 0, this member's 9 (its config's "
+        "task.length_alpha_steps)",
+    ]

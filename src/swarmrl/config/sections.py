@@ -29,8 +29,11 @@ class ModelConfig(_Section):
     )
 
 
+TaskName = Literal["arithmetic", "math", "code"]
+
+
 class TaskConfig(_Section):
-    name: Literal["arithmetic", "math", "code"] = Field(
+    name: TaskName = Field(
         "arithmetic",
         description="task: arithmetic (embedded), math (\\boxed{} answers, math-verify) or code (tests in a sandbox)",
     )

@@ -22,6 +22,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from swarmrl.config import CONTEXT_TOKENS, ConfigError, RunConfig, read_config_file
+from swarmrl.config.sections import TaskName
+from swarmrl.protocol.models import TARGET_LENGTHS
+from swarmrl.protocol.recipe import length_curriculum, scoring_settings, target_lengths
+from swarmrl.rewards import AdvantageMode, LengthShaping
 
 
 def heartbeats(seconds: float, heartbeat_seconds: float) -> int:
@@ -162,6 +166,50 @@ class OrchestratorConfig(BaseModel):
         description="completion tokens a sample may hold (the run's sampling.max_new_tokens): "
         "with the assignment's rows, bounds what an upload may decode to",
     )
+    # How samples are drawn and scored (the rest of the recipe): the validator replays the
+    # one and recomputes the other, so a member that differs writes files it rejects.
+    temperature: float = Field(
+        _RUN.sampling.temperature,
+        gt=0,
+        description="sampling temperature (the run's sampling.temperature)",
+    )
+    top_p: float = Field(
+        _RUN.sampling.top_p,
+        gt=0,
+        le=1,
+        description="nucleus sampling threshold (the run's sampling.top_p)",
+    )
+    task: TaskName = Field(_RUN.task.name, description="the task's name (the run's task.name)")
+    target_lengths: str = Field(
+        target_lengths(_RUN.task.target_lengths),
+        pattern=TARGET_LENGTHS,
+        description="target completion lengths, comma-separated; empty: none (the run's "
+        "task.target_lengths)",
+    )
+    length_alpha: float = Field(
+        _RUN.task.length_alpha,
+        ge=0,
+        description="the length coefficient (the run's task.length_alpha)",
+    )
+    length_alpha_start: float = Field(
+        length_curriculum(_RUN.task)[0],
+        ge=0,
+        description="the length coefficient at step 0 (the run's task.length_alpha_start; "
+        "length_alpha when it has no curriculum)",
+    )
+    length_alpha_steps: int = Field(
+        length_curriculum(_RUN.task)[1],
+        ge=0,
+        description="steps of the length curriculum (the run's task.length_alpha_steps; 0: none)",
+    )
+    length_shaping: LengthShaping = Field(
+        _RUN.task.length_shaping,
+        description="how the length enters the reward (the run's task.length_shaping)",
+    )
+    advantage_mode: AdvantageMode = Field(
+        _RUN.task.advantage_mode,
+        description="how a group's advantages are formed (the run's task.advantage_mode)",
+    )
     max_prompt_tokens: int = Field(
         CONTEXT_TOKENS - _RUN.sampling.max_new_tokens,
         ge=1,
@@ -264,8 +312,9 @@ def run_settings(cfg: RunConfig) -> dict[str, Any]:
         "dead_after": heartbeats(pool.dead_seconds, pool.heartbeat_seconds),
         "assignment_seconds": pool.assignment_seconds,
         "min_stake": pool.stake,
-        # The validator's bounds on a file: an upload is refused past them before decoding.
-        "max_new_tokens": cfg.sampling.max_new_tokens,
+        # How samples are drawn and scored; max_new_tokens also bounds an upload before
+        # it is decoded, with the prompt's share of the context.
+        **scoring_settings(cfg),
         "max_prompt_tokens": max(1, CONTEXT_TOKENS - cfg.sampling.max_new_tokens),
     }
 

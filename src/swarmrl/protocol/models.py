@@ -47,6 +47,11 @@ RefusalCode = Literal[
 REFUSAL_CODES: tuple[RefusalCode, ...] = get_args(RefusalCode)
 
 
+# A recipe's names (a task, a shaping, a mode) and its list of target lengths, as stated.
+TOKEN = r"^[a-z][a-z0-9_]{0,31}$"
+TARGET_LENGTHS = r"^([0-9]{1,7}(,[0-9]{1,7}){0,63})?$"
+
+
 class _Request(BaseModel):
     # Strict: a member's `false` is not the step 0, nor its "3" the step 3.
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -72,6 +77,45 @@ class Recipe(_Request):
     )
     async_level: int | None = Field(
         None, ge=0, le=10**6, description="k: step n needs a policy >= n-k (async_level)"
+    )
+    # What decides whether an honest member's file passes the validator's checks: the
+    # sampling it replays and the rewards it recomputes.
+    temperature: float | None = Field(
+        None, gt=0, le=1000, description="sampling temperature (sampling.temperature)"
+    )
+    top_p: float | None = Field(
+        None, gt=0, le=1, description="nucleus sampling threshold (sampling.top_p)"
+    )
+    max_new_tokens: int | None = Field(
+        None, ge=1, le=1 << 20, description="completion length limit (sampling.max_new_tokens)"
+    )
+    task: str | None = Field(None, pattern=TOKEN, description="the task's name (task.name)")
+    target_lengths: str | None = Field(
+        None,
+        pattern=TARGET_LENGTHS,
+        description="target completion lengths, comma-separated; empty: none (task.target_lengths)",
+    )
+    length_alpha: float | None = Field(
+        None, ge=0, le=1e6, description="the length coefficient (task.length_alpha)"
+    )
+    length_alpha_start: float | None = Field(
+        None,
+        ge=0,
+        le=1e6,
+        description="the length coefficient at step 0 (task.length_alpha_start; length_alpha "
+        "when there is no curriculum)",
+    )
+    length_alpha_steps: int | None = Field(
+        None,
+        ge=0,
+        le=10**9,
+        description="steps of the length curriculum (task.length_alpha_steps; 0: none)",
+    )
+    length_shaping: str | None = Field(
+        None, pattern=TOKEN, description="how the length enters the reward (task.length_shaping)"
+    )
+    advantage_mode: str | None = Field(
+        None, pattern=TOKEN, description="how a group's advantages are formed (task.advantage_mode)"
     )
 
 
