@@ -17,7 +17,10 @@ seed (seed 0 of every mode, then seed 1, ...), so a change in the machine's load
 on all modes alike. Every run evaluates before and after on the held-out split with
 `swarmrl.evaluation` (TRL's too), and all figures come from one invocation.
 
-Per run: held-out accuracy and length error after; the lowest training-batch task
+Per run: held-out accuracy and length error after; held-out accuracy at the training's
+sampling temperature, the mean of `--draws` (8) samples per problem, evaluated after the
+run and outside its wall time (`swarmrl.evaluation`, `draws`): pass@1 of one draw at 0.6
+saturates at 1.000 on this task, this one does not; the lowest training-batch task
 reward after step 10 (metrics.jsonl `task_reward`); the trainer's idle fraction and
 mean staleness; wall time; CPU-seconds of every process of the run (getrusage
 RUSAGE_CHILDREN around the subprocess, with this process made a child subreaper so a
@@ -33,6 +36,7 @@ Everything also goes to OUT/results.json.
     python benchmarks/bench_learning.py --seeds 1 --steps 3 --modes sync,async2   # a smoke test
     python benchmarks/bench_learning.py --trainer.lr 5e-5        # other flags go to every run
     python benchmarks/bench_learning.py --seeds 5 --first-seed 5  # seeds 5..9
+    python benchmarks/bench_learning.py --reevaluate OUT          # add the sampled accuracy to OUT's runs
 
 Flags it does not know are passed to every run, `swarmrl run` and trl_grpo.py alike;
 they must be configuration flags (`--section.field VALUE`), which both accept. TRL
@@ -53,8 +57,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from swarmrl.config import WorkerConfig
+from swarmrl.config import WorkerConfig, add_config_arguments, config_from_args
 from swarmrl.model.build import ensure_default_model
+from swarmrl.runfolder import checkpoint_dir, latest_checkpoint
 from swarmrl.trainer.metrics import read_metrics
 
 SWARM_MODES: dict[str, list[str]] = {
@@ -66,6 +71,7 @@ SWARM_MODES: dict[str, list[str]] = {
 ALL_MODES = [*SWARM_MODES, "trl"]
 TRL_SCRIPT = Path(__file__).with_name("trl_grpo.py")
 AFTER_STEP = 10  # "the lowest training reward after step 10" (issue 18)
+DRAWS = 8  # samples per held-out problem of the sampled accuracy
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -79,6 +85,7 @@ class RunResult:
     log: str
     accuracy_before: float | None = None
     accuracy_after: float | None = None
+    accuracy_sampled: float | None = None  # at the sampling temperature, mean of DRAWS draws
     length_error_before: float | None = None
     length_error_after: float | None = None
     min_task_reward_after_10: float | None = None
@@ -274,6 +281,35 @@ def trl_run(seed: int, args, model: Path, extra: list[str]) -> RunResult:
     return result
 
 
+def final_model(r: RunResult, out: Path) -> Path | None:
+    """The run's last checkpoint (TRL's saved model), None if it left none."""
+    run_dir = out / f"{r.mode}-seed{r.seed}"
+    if r.mode == "trl":
+        return run_dir / "model" if (run_dir / "model").is_dir() else None
+    step = latest_checkpoint(run_dir / "checkpoints")
+    return None if step is None else checkpoint_dir(run_dir / "checkpoints", step)
+
+
+def sampled_accuracy(model_dir: Path, extra: list[str]) -> float:
+    """Held-out accuracy at the runs' sampling temperature, DRAWS draws a problem."""
+    from swarmrl.evaluation import evaluate
+    from swarmrl.tasks.registry import build_task
+
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    cfg = config_from_args(parser.parse_known_args(extra)[0])
+    task = build_task(cfg.task)
+    return evaluate(
+        model_dir, task, cfg, temperature=cfg.sampling.temperature, draws=DRAWS
+    ).accuracy
+
+
+def add_sampled_accuracy(r: RunResult, out: Path, extra: list[str]) -> None:
+    model_dir = final_model(r, out) if r.returncode == 0 else None
+    if model_dir is not None:
+        r.accuracy_sampled = sampled_accuracy(model_dir, extra)
+
+
 def fmt(value: float | None, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -283,7 +319,8 @@ def run_line(r: RunResult, done: int, total: int) -> str:
     if r.returncode != 0:
         return f"{head} FAILED (exit {r.returncode}) after {r.wall_seconds:.0f} s; log {r.log}"
     return (
-        f"{head} held-out {fmt(r.accuracy_before)} -> {fmt(r.accuracy_after)}, "
+        f"{head} held-out {fmt(r.accuracy_before)} -> {fmt(r.accuracy_after)} "
+        f"(sampled x{DRAWS} {fmt(r.accuracy_sampled)}), "
         f"length error {fmt(r.length_error_before, '.2f')} -> {fmt(r.length_error_after, '.2f')}, "
         f"lowest task reward after step {AFTER_STEP} {fmt(r.min_task_reward_after_10, '.2f')}, "
         f"idle {fmt(r.idle_fraction, '.2f')}, staleness {fmt(r.staleness_mean, '.2f')}, "
@@ -312,6 +349,7 @@ def aggregate(runs: list[RunResult], modes: list[str]) -> dict:
             "runs": len(ok[mode]),
             "failed": sum(1 for r in runs if r.mode == mode and r.returncode != 0),
             "accuracy_after": spread(values(mode, "accuracy_after")),
+            "accuracy_sampled": spread(values(mode, "accuracy_sampled")),
             "length_error_after": spread(values(mode, "length_error_after")),
             "min_task_reward_after_10": min(lows) if lows else None,
             "idle_fraction": spread(values(mode, "idle_fraction")),
@@ -337,18 +375,22 @@ def aggregate(runs: list[RunResult], modes: list[str]) -> dict:
         for key in ("wall_seconds", "cpu_seconds"):
             mine, theirs = median(mode, key), median("trl", key)
             row[f"{key}_over_trl"] = mine / theirs if mine is not None and theirs else None
-        pairs = [
-            (r.accuracy_after, trl_by_seed[r.seed].accuracy_after)
-            for r in ok[mode]
-            if r.seed in trl_by_seed
-            and r.accuracy_after is not None
-            and trl_by_seed[r.seed].accuracy_after is not None
-        ]
-        row["wins_over_trl"] = (
-            {"won": sum(1 for a, b in pairs if a > b), "pairs": len(pairs)}
-            if pairs and mode != "trl"
-            else None
-        )
+        for key, wins in (
+            ("accuracy_after", "wins_over_trl"),
+            ("accuracy_sampled", "wins_over_trl_sampled"),
+        ):
+            pairs = [
+                (getattr(r, key), getattr(trl_by_seed[r.seed], key))
+                for r in ok[mode]
+                if r.seed in trl_by_seed
+                and getattr(r, key) is not None
+                and getattr(trl_by_seed[r.seed], key) is not None
+            ]
+            row[wins] = (
+                {"won": sum(1 for a, b in pairs if a > b), "pairs": len(pairs)}
+                if pairs and mode != "trl"
+                else None
+            )
     return table
 
 
@@ -358,12 +400,17 @@ def med_range(s: dict | None, spec: str) -> str:
     return f"{format(s['median'], spec)} [{format(s['min'], spec)}–{format(s['max'], spec)}]"
 
 
+def _wins(w: dict | None) -> str:
+    return f"{w['won']}/{w['pairs']}" if w else "-"
+
+
 def print_table(table: dict) -> None:
     columns = [
         ("mode", lambda m, r: m),
         ("runs", lambda m, r: f"{r['runs']}" + (f" ({r['failed']} failed)" if r["failed"] else "")),
         ("held-out after", lambda m, r: med_range(r["accuracy_after"], ".3f")),
         ("vs sync (pts)", lambda m, r: fmt(r["accuracy_vs_sync_points"], "+.1f")),
+        (f"sampled x{DRAWS}", lambda m, r: med_range(r.get("accuracy_sampled"), ".3f")),
         ("length err after", lambda m, r: med_range(r["length_error_after"], ".2f")),
         (f"low reward >{AFTER_STEP}", lambda m, r: fmt(r["min_task_reward_after_10"], ".2f")),
         ("idle", lambda m, r: med_range(r["idle_fraction"], ".2f")),
@@ -385,20 +432,17 @@ def print_table(table: dict) -> None:
                 + ("x" if r["cpu_seconds_over_trl"] is not None else "")
             ),
         ),
-        (
-            "wins vs TRL",
-            lambda m, r: (
-                f"{r['wins_over_trl']['won']}/{r['wins_over_trl']['pairs']}"
-                if r["wins_over_trl"]
-                else "-"
-            ),
-        ),
+        ("wins vs TRL", lambda m, r: _wins(r.get("wins_over_trl"))),
+        ("wins sampled", lambda m, r: _wins(r.get("wins_over_trl_sampled"))),
     ]
     cells = [[name for name, _ in columns]] + [
         [get(mode, row) for _, get in columns] for mode, row in table.items()
     ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    print("medians over seeds [min–max]; 'low reward' = lowest training-batch task reward")
+    print(
+        "medians over seeds [min–max]; 'low reward' = lowest training-batch task reward; "
+        f"'sampled' = held-out accuracy at the sampling temperature, {DRAWS} draws a problem"
+    )
     for i, row in enumerate(cells):
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
         if i == 0:
@@ -494,7 +538,18 @@ def main() -> None:
         default=None,
         help="torch threads of the TRL run (default: torch's)",
     )
+    parser.add_argument(
+        "--reevaluate",
+        type=Path,
+        default=None,
+        metavar="OUT",
+        help="run nothing: add the sampled accuracy to the runs of OUT/results.json (an "
+        "invocation made without it), print the table again and update the file",
+    )
     args, extra = parser.parse_known_args()
+    if args.reevaluate is not None:
+        reevaluate(args.reevaluate)
+        return
     modes = choose_modes(args)
     args.out.mkdir(parents=True, exist_ok=True)
     model = (args.model or ensure_default_model()).resolve()
@@ -513,6 +568,7 @@ def main() -> None:
             result = trl_run(seed, args, model, extra)
         else:
             result = swarm_run(mode, seed, args, model, extra)
+        add_sampled_accuracy(result, args.out, extra)  # after the run, outside its wall time
         runs.append(result)
         print(run_line(result, done, len(plan)), flush=True)
     table = aggregate(runs, modes)
@@ -525,6 +581,7 @@ def main() -> None:
         "modes": modes,
         "seeds": list(seeds),
         "steps": args.steps,
+        "draws": DRAWS,
         "extra_flags": extra,
         "cpu_count": os.cpu_count(),
         "subreaper": subreaper,
@@ -534,6 +591,21 @@ def main() -> None:
     }
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
     print(f"\nresults written to {args.out / 'results.json'}")
+
+
+def reevaluate(out: Path) -> None:
+    path = out / "results.json"
+    results = json.loads(path.read_text())
+    runs = [RunResult(**r) for r in results["runs"]]
+    for done, r in enumerate(runs, 1):
+        add_sampled_accuracy(r, out, results["extra_flags"])
+        print(run_line(r, done, len(runs)), flush=True)
+    table = aggregate(runs, results["modes"])
+    print()
+    print_table(table)
+    results.update(runs=[asdict(r) for r in runs], table=table, draws=DRAWS)
+    path.write_text(json.dumps(results, indent=2))
+    print(f"\nresults updated in {path}")
 
 
 if __name__ == "__main__":

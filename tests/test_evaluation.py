@@ -52,3 +52,23 @@ def test_the_evaluation_samples_at_eval_temperature_not_the_trainings(warm_model
     at_default = run()
     assert run("--sampling.temperature", "1.7") == at_default
     assert run("--eval_temperature", "1.7") != at_default
+
+
+def test_more_draws_per_problem_keep_the_first_and_add_their_own(warm_model_dir):
+    """Draw 0 is the one-draw evaluation's sample; the others have seeds of their own, so
+    the mean over draws is the same every time and differs from the first alone."""
+    base = ["eval", "--model", str(warm_model_dir), "--task.eval_size", "16"]
+    cfg = config_from_args(build_parser().parse_args([*base, "--sampling.max_new_tokens", "24"]))
+    task = build_task(cfg.task)
+    one = evaluate(warm_model_dir, task, cfg, temperature=1.0)
+    seen: list[tuple[int, int]] = []
+    three = evaluate(
+        warm_model_dir, task, cfg, temperature=1.0, draws=3, progress=lambda *a: seen.append(a)
+    )
+    assert three == evaluate(warm_model_dir, task, cfg, temperature=1.0, draws=3)
+    assert three.problems == one.problems == 16
+    assert seen[-1] == (48, 48)
+    assert three != one  # 32 more samples at T = 1.0 move the mean or the lengths
+    assert one == evaluate(warm_model_dir, task, cfg, temperature=1.0, draws=1)
+    with pytest.raises(ValueError, match="draws"):
+        evaluate(warm_model_dir, task, cfg, draws=0)
