@@ -7,9 +7,10 @@ import json
 
 import pytest
 
+from swarmrl.assignment import stable_hash
 from swarmrl.cli import build_parser, main
 from swarmrl.config import config_from_args
-from swarmrl.evaluation import Evaluation, evaluate
+from swarmrl.evaluation import Evaluation, _draw_seed, evaluate
 from swarmrl.tasks.registry import build_task
 
 
@@ -68,7 +69,10 @@ def test_more_draws_per_problem_keep_the_first_and_add_their_own(warm_model_dir)
     assert three == evaluate(warm_model_dir, task, cfg, temperature=1.0, draws=3)
     assert three.problems == one.problems == 16
     assert seen[-1] == (48, 48)
-    assert three != one  # 32 more samples at T = 1.0 move the mean or the lengths
+    # Draw 0 keeps the one-draw evaluation's seed; every other draw has its own.
+    seeds = {d: [_draw_seed(f"p{i}", d) for i in range(16)] for d in range(4)}
+    assert seeds[0] == [stable_hash(f"eval|p{i}") >> 1 for i in range(16)]
+    assert len({s for d in seeds for s in seeds[d]}) == 64
     assert one == evaluate(warm_model_dir, task, cfg, temperature=1.0, draws=1)
     with pytest.raises(ValueError, match="draws"):
         evaluate(warm_model_dir, task, cfg, draws=0)

@@ -416,7 +416,7 @@ def test_validator_process_judges_what_the_orchestrator_hands_out(run, tmp_path)
     from swarmrl.identity import Identity, generate_key_file
     from swarmrl.ledger import Ledger, Verdict, check_ledger
     from swarmrl.orchestrator import OrchestratorConfig, OrchestratorThread
-    from swarmrl.protocol import PoolClient, PoolRefused
+    from swarmrl.protocol import PoolClient, PoolRefused, recipe
     from swarmrl.shardcast.origin import Origin
     from swarmrl.shardcast.server import start_server
     from swarmrl.trainer.pool_source import PoolRolloutSource
@@ -438,6 +438,7 @@ def test_validator_process_judges_what_the_orchestrator_hands_out(run, tmp_path)
         validation_fraction=1.0,
         max_open_per_worker=16,
         heartbeat_seconds=120.0,
+        **recipe.scoring_settings(cfg),  # the validator states how the run samples and scores
     )
     origin = Origin(tmp_path / "origin", keep=2)
     blake3 = origin.publish(0, run.model_dir).blake3

@@ -21,7 +21,7 @@ from swarmrl.identity import Identity
 from swarmrl.ledger import Ledger, Submission, check_ledger
 from swarmrl.model.build import WarmStartRecipe, ensure_default_model
 from swarmrl.orchestrator import OrchestratorConfig, OrchestratorThread
-from swarmrl.protocol import PoolClient
+from swarmrl.protocol import PoolClient, recipe
 from swarmrl.protocol import models as api
 from swarmrl.rewards import group_advantages, has_signal
 from swarmrl.rollouts import RolloutMeta, write_rollouts
@@ -73,6 +73,8 @@ class Pool:
             heartbeat_seconds=120.0,
             # No validator runs here: every file goes to the trainer unchecked.
             validation_fraction=0.0,
+            # How the run samples and scores (its recipe): the trainer states them.
+            **recipe.scoring_settings(self.cfg),
         )
         self.orch_config = OrchestratorConfig.model_validate(
             self.orch_config.model_dump() | orchestrator

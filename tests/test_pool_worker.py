@@ -95,6 +95,7 @@ def test_worker_serves_the_pool_from_its_own_folder(tmp_path):
         batch_samples=8,
         prompts_per_assignment=2,
         group_size=4,
+        max_new_tokens=12,  # the worker's sampling.max_new_tokens below
         heartbeat_seconds=1.0,
         # The test's own trainer and validator speak only when the test says so.
         unhealthy_after=10_000,

@@ -370,6 +370,7 @@ class _Pool:
                 prompts_per_assignment=2,
                 group_size=4,
                 async_level=1,
+                max_new_tokens=8,  # the trainer's sampling.max_new_tokens (_trainer_argv)
                 max_open_per_worker=4,
                 heartbeat_seconds=120.0,
                 validation_fraction=0.0,  # no validator here: a chosen file would wait forever

@@ -28,9 +28,6 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -173,6 +170,11 @@ def prepare_model(
                 "torchrun (any --nproc-per-node, even 1) or set trainer.ranks"
             )
         return model
+    # FSDP and DTensor are imported here, by the sharded trainer alone: a second of CPU
+    # that a one-process trainer would spend at its start, beside every other process's.
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
     mesh = init_device_mesh(ranks.device.type, (ranks.world,))
     policy = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -226,6 +228,8 @@ def full_state_dict(model: torch.nn.Module, ranks: Ranks) -> dict[str, torch.Ten
     every rank calls it; the shards are gathered one tensor at a time."""
     if not ranks.sharded:
         return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
     state = get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )

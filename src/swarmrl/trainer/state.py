@@ -26,10 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from swarmrl.trainer.distributed import Ranks, barrier
+
+# torch.distributed.checkpoint (and the DTensor code it loads: most of a second of CPU) is
+# imported at the first save or load, not with the trainer: a one-process trainer's start
+# is on the path to the first checkpoint the workers wait for.
 
 PROGRESS = "progress.pt"
 
@@ -56,6 +58,9 @@ def save_trainer_state(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier(ranks)
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
     model_state, optim_state = get_state_dict(model, opt)
     with _plain_process_quiet(ranks):
         dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=tmp)
@@ -80,6 +85,9 @@ def load_trainer_state(
             f"{path} is not a complete trainer state (no {PROGRESS}); remove it and its "
             "checkpoint folder to resume from the one before"
         )
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
     model_state, optim_state = get_state_dict(model, opt)
     state: dict[str, Any] = {"model": model_state, "optimizer": optim_state}
     with _plain_process_quiet(ranks):
