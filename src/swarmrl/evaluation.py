@@ -60,17 +60,19 @@ def evaluate(
         eos_token_id=tok.eos_token_id,
         top_p=cfg.sampling.top_p,
     )
+    # The prompts and targets do not depend on the draw: made once, sampled `draws` times.
+    chunks = []
+    for start in range(0, len(problems), batch_size):
+        chunk = problems[start : start + batch_size]
+        chunk_targets = [
+            targets[stable_hash("target|" + p.problem_id) % len(targets)] if targets else None
+            for p in chunk
+        ]
+        prompts = [prompt_ids(tok, task, p, t) for p, t in zip(chunk, chunk_targets, strict=True)]
+        chunks.append((chunk, chunk_targets, prompts))
     correct, errors, lengths = [], [], []
     for draw in range(draws):
-        for start in range(0, len(problems), batch_size):
-            chunk = problems[start : start + batch_size]
-            chunk_targets = [
-                targets[stable_hash("target|" + p.problem_id) % len(targets)] if targets else None
-                for p in chunk
-            ]
-            prompts = [
-                prompt_ids(tok, task, p, t) for p, t in zip(chunk, chunk_targets, strict=True)
-            ]
+        for chunk, chunk_targets, prompts in chunks:
             seeds = [_draw_seed(p.problem_id, draw) for p in chunk]
             gens = sample(
                 model, prompts, seeds, params, pad_id=tok.pad_token_id, capture_hidden=False

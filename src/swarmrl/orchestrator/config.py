@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from swarmrl.config import CONTEXT_TOKENS, ConfigError, RunConfig, read_config_file
 from swarmrl.config.sections import TaskName
 from swarmrl.protocol.models import TARGET_LENGTHS
-from swarmrl.protocol.recipe import length_curriculum, scoring_settings, target_lengths
+from swarmrl.protocol.recipe import scoring_settings
 from swarmrl.rewards import AdvantageMode, LengthShaping
 
 
@@ -35,6 +35,7 @@ def heartbeats(seconds: float, heartbeat_seconds: float) -> int:
 
 
 _RUN = RunConfig()  # the run config's defaults, which the shared settings take as theirs
+_RUN_SCORING = scoring_settings(_RUN)  # ... and how it samples and scores, by recipe name
 
 
 class OrchestratorConfig(BaseModel):
@@ -169,45 +170,47 @@ class OrchestratorConfig(BaseModel):
     # How samples are drawn and scored (the rest of the recipe): the validator replays the
     # one and recomputes the other, so a member that differs writes files it rejects.
     temperature: float = Field(
-        _RUN.sampling.temperature,
+        _RUN_SCORING["temperature"],
         gt=0,
         description="sampling temperature (the run's sampling.temperature)",
     )
     top_p: float = Field(
-        _RUN.sampling.top_p,
+        _RUN_SCORING["top_p"],
         gt=0,
         le=1,
         description="nucleus sampling threshold (the run's sampling.top_p)",
     )
-    task: TaskName = Field(_RUN.task.name, description="the task's name (the run's task.name)")
+    task: TaskName = Field(
+        _RUN_SCORING["task"], description="the task's name (the run's task.name)"
+    )
     target_lengths: str = Field(
-        target_lengths(_RUN.task.target_lengths),
+        _RUN_SCORING["target_lengths"],
         pattern=TARGET_LENGTHS,
         description="target completion lengths, comma-separated; empty: none (the run's "
         "task.target_lengths)",
     )
     length_alpha: float = Field(
-        _RUN.task.length_alpha,
+        _RUN_SCORING["length_alpha"],
         ge=0,
         description="the length coefficient (the run's task.length_alpha)",
     )
     length_alpha_start: float = Field(
-        length_curriculum(_RUN.task)[0],
+        _RUN_SCORING["length_alpha_start"],
         ge=0,
         description="the length coefficient at step 0 (the run's task.length_alpha_start; "
         "length_alpha when it has no curriculum)",
     )
     length_alpha_steps: int = Field(
-        length_curriculum(_RUN.task)[1],
+        _RUN_SCORING["length_alpha_steps"],
         ge=0,
         description="steps of the length curriculum (the run's task.length_alpha_steps; 0: none)",
     )
     length_shaping: LengthShaping = Field(
-        _RUN.task.length_shaping,
+        _RUN_SCORING["length_shaping"],
         description="how the length enters the reward (the run's task.length_shaping)",
     )
     advantage_mode: AdvantageMode = Field(
-        _RUN.task.advantage_mode,
+        _RUN_SCORING["advantage_mode"],
         description="how a group's advantages are formed (the run's task.advantage_mode)",
     )
     max_prompt_tokens: int = Field(
