@@ -231,7 +231,7 @@ def test_a_step_trains_on_what_it_has_after_reading_max_read_ratio_batches():
 def test_one_default_correction_the_run_configs():
     """The update's default correction is what a default run's trainer uses: tis."""
     from_run = OffPolicySettings.of(load_config(None, {}).trainer)
-    assert from_run.mode == "tis" and from_run.behaviour_clip == 0.2
+    assert from_run.mode == "tis" and from_run.behaviour_clip == 0.3
     assert OffPolicySettings() == from_run
     update = UpdateSettings(0.6, 48, 0.2, 4.0, 0.0, 1.0, None)
     assert update.off_policy == from_run

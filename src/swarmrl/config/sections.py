@@ -244,7 +244,7 @@ class TrainerConfig(_Section):
         description="cap on the truncated importance weight (off_policy = tis); 1 weighs no token up, which measured fewer dips in the default runs but slower, deeper-dipping runs at staleness 2 (docs/trainer.md)",
     )
     behaviour_clip: float = Field(
-        0.2,
+        0.3,
         ge=0,
         lt=1,
         description="PPO's clip against the policy that sampled each token, on top of off_policy: a token whose probability has already moved past 1 +- behaviour_clip (the ratio rho = pi_n / worker's sampling probability) in its advantage's direction gets no gradient this step, so an asynchronous step does not push again what the steps since the sampling already moved (measured in docs/trainer.md); 0 = off",
