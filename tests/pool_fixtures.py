@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import strategies as st
 from sqlalchemy import create_engine, text
 
 from swarmrl.identity import Identity, body_digest, sign_request
@@ -271,3 +272,27 @@ def orchestrator_process(
         proc.wait()
         raise AssertionError(f"the orchestrator did not start: {line}{log.read_text()}")
     return proc, line.split()[-1]
+
+
+# Hostile variations of an honest body, for the fuzz tests (in-thread and process).
+def mutate(data: bytes, edits: list[tuple[int, int, bytes]]) -> bytes:
+    """Apply (position, deleted length, inserted bytes) edits to data."""
+    out = bytearray(data)
+    for position, deleted, inserted in edits:
+        at = position % (len(out) + 1)
+        out[at : at + deleted] = inserted
+    return bytes(out)
+
+
+EDITS = st.lists(
+    st.tuples(st.integers(0, 10_000), st.integers(0, 4), st.binary(max_size=6)),
+    min_size=1,
+    max_size=4,
+)
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=30),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3)
+    ),
+    max_leaves=8,
+)

@@ -13,7 +13,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from pool_fixtures import loopback_client, make_pool, pool_id, rollout_file, signed_raw
+from pool_fixtures import (
+    EDITS,
+    JSON_VALUES,
+    loopback_client,
+    make_pool,
+    mutate,
+    pool_id,
+    rollout_file,
+    signed_raw,
+)
 from swarmrl.config import RunConfig
 from swarmrl.identity import Identity, body_digest, sign_request
 from swarmrl.protocol import models as api
@@ -35,29 +44,6 @@ def pool(tmp_path_factory):
     yield p
     assert p.ledger_problems() == []
     p.stop()
-
-
-def mutate(data: bytes, edits: list[tuple[int, int, bytes]]) -> bytes:
-    """Apply (position, deleted length, inserted bytes) edits to data."""
-    out = bytearray(data)
-    for position, deleted, inserted in edits:
-        at = position % (len(out) + 1)
-        out[at : at + deleted] = inserted
-    return bytes(out)
-
-
-EDITS = st.lists(
-    st.tuples(st.integers(0, 10_000), st.integers(0, 4), st.binary(max_size=6)),
-    min_size=1,
-    max_size=4,
-)
-JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=30),
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3)
-    ),
-    max_leaves=8,
-)
 
 
 def answered(r: httpx.Response) -> None:

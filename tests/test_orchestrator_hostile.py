@@ -6,6 +6,7 @@ of it, answer 4xx, and change nothing it should not."""
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import re
 import subprocess
@@ -24,7 +25,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from parquet_forge import understate_footer
-from pool_fixtures import JSON, pool_id, rollout_columns, rollout_file
+from pool_fixtures import (
+    EDITS,
+    JSON,
+    JSON_VALUES,
+    mutate,
+    pool_id,
+    rollout_columns,
+    rollout_file,
+    signed_raw,
+)
+from swarmrl.config import RunConfig
 from swarmrl.identity import Identity, body_digest, sign_request
 from swarmrl.ledger import Ledger
 from swarmrl.orchestrator import OrchestratorConfig
@@ -32,7 +43,7 @@ from swarmrl.orchestrator.auth import RateLimiter, RequestVerifier
 from swarmrl.orchestrator.errors import Refusal
 from swarmrl.orchestrator.pool import Pool
 from swarmrl.orchestrator.store import RolloutStore
-from swarmrl.protocol import PoolClient, PoolRefused
+from swarmrl.protocol import PoolClient, PoolRefused, recipe
 from swarmrl.protocol import models as api
 from swarmrl.rollouts import RolloutMeta, write_rollouts
 
@@ -264,6 +275,43 @@ def test_a_request_replayed_into_another_pool_is_refused(server, tmp_path):
         assert PoolClient(url_b, owner).fund(target, 1).balance == 1
     finally:
         stop(proc_b)
+
+
+# The recipe a worker of this test pool states (the `start` flags, the run's defaults for
+# the rest): sampling and scoring included.
+HONEST_RECIPE = recipe.of_run(RunConfig(), "worker").model_dump(exclude_none=True) | {
+    "run_id": "test",
+    "prompts_per_assignment": 2,
+    "group_size": 2,
+    "max_new_tokens": 64,
+}
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    fields=st.dictionaries(
+        st.sampled_from(sorted(HONEST_RECIPE)) | st.text(max_size=12), JSON_VALUES, max_size=4
+    ),
+    edits=st.none() | EDITS,
+)
+def test_a_hostile_recipe_gets_an_answer_and_the_process_lives(server, fields, edits):
+    """A registration states the whole recipe: its values replaced by any JSON, keys added,
+    or its bytes edited, signed by a member, sent to the real process: 200 or a 4xx that
+    says why, never a 5xx, and the process lives on."""
+    proc, url, worker, *_ = server
+    honest = json.dumps({"role": "worker", "recipe": HONEST_RECIPE}).encode()
+    assert signed_raw(url, worker.identity, "POST", "/v1/register", honest).status_code == 200
+    body = json.dumps({"role": "worker", "recipe": HONEST_RECIPE | fields}).encode()
+    if edits is not None:
+        body = mutate(body, edits)
+    r = signed_raw(url, worker.identity, "POST", "/v1/register", body)
+    assert r.status_code < 500, r.text
+    if r.status_code >= 400:
+        assert api.Problem.model_validate_json(r.content).detail, r.text
+    assert proc.poll() is None
 
 
 def test_a_stranger_registering_as_a_validator_is_refused_and_the_process_lives(server):
