@@ -842,8 +842,9 @@ def test_status_prints_the_pool(pool):
 def test_trainer_count_replaces_the_workers_claims(tmp_path):
     # 8 usable samples needed, 4 per assignment. Two files each claim 4 usable samples:
     # by the claims the step is full. The trainer reads them and finds 1 usable sample
-    # in all: issuance opens again, and the observed yield is the trainer's (1/8).
-    p = make_pool(tmp_path, async_level=0)
+    # in all: issuance opens again, and the observed yield is the trainer's (1/8). No
+    # cap on what a step is issued (max_read_ratio 0), so the yield alone decides.
+    p = make_pool(tmp_path, async_level=0, max_read_ratio=0)
     p.trainer.announce_checkpoint(0, BLAKE)
     try:
         worker = p.workers[0]
@@ -873,6 +874,45 @@ def test_trainer_count_replaces_the_workers_claims(tmp_path):
             next(st for st in PoolClient(p.url, None).status().steps if st.step == 1).usable_samples
             == 0
         )
+        assert p.ledger_problems() == []
+    finally:
+        p.stop()
+
+
+def test_a_step_is_issued_what_the_trainer_reads_and_no_more(tmp_path):
+    # 8 usable samples needed, 4 samples an assignment, the trainer reads at most 2 × 8:
+    # the yield (0.5 before any file) asks for ceil(8 × 1.1 / 2) = 5 assignments, the
+    # cap allows 16 / 4 = 4. Files are trainable at once (no validation); deadlines of
+    # 3 s, as in the lapse test above.
+    p = make_pool(
+        tmp_path, async_level=0, max_read_ratio=2, validation_fraction=0.0, assignment_seconds=3.0
+    )
+    p.trainer.announce_checkpoint(0, BLAKE)
+    try:
+        first, second = p.workers
+        issued = []
+        while (r := first.assignment(0)).assignment is not None:
+            issued.append(r.assignment)
+        assert len(issued) == 4 and "need no more work" in r.reason
+        # Three files come in holding nothing usable; unread, they still fill the cap.
+        files = [p.upload_for(first, a, num_nonzero=0).file_hash for a in issued[:3]]
+        assert second.assignment(0).assignment is None
+        # The fourth lapses: it brings nothing, so its room is issued again, once.
+        time.sleep(issued[3].deadline - time.time() + 0.3)
+        again = second.assignment(0).assignment
+        assert again is not None and again.step == 0
+        assert second.assignment(0).assignment is None
+        files.append(p.upload_for(second, again, num_nonzero=0).file_hash)
+        # The trainer read all 16 samples, none with signal.
+        status = p.trainer.report_progress(0, usable=0, read=16, files=files)
+        assert status.usable_samples == 0 and status.read_samples == 16
+        # Past the cap with nothing usable in or on its way: one assignment at a time.
+        extra = second.assignment(0).assignment
+        assert extra is not None and extra.step == 0
+        assert first.assignment(0).assignment is None
+        # Its file claims 4 usable samples: something is on its way, nothing more issued.
+        p.upload_for(second, extra, num_nonzero=4)
+        assert first.assignment(0).assignment is None
         assert p.ledger_problems() == []
     finally:
         p.stop()

@@ -197,6 +197,14 @@ class Submission(Base):
     counted: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
+# What the trainer may train: accepted files, and pending ones not chosen for validation.
+# A chosen file waits for its verdict unlisted (its claimed samples still count as coming
+# in the step's need, so nothing a worker sees differs).
+TRAINABLE = (Submission.state == "accepted") | (
+    (Submission.state == "pending") & Submission.to_validate.is_(False)
+)
+
+
 class Verdict(Base):
     """A validator's signed judgement of one submission."""
 

@@ -11,12 +11,13 @@ files it read, plus the workers' claims for the files it has not read yet.
 from __future__ import annotations
 
 import logging
+import math
 
 from sqlalchemy import Connection, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from swarmrl.ledger import Assignment, Checkpoint, Member, Step, Submission
-from swarmrl.ledger.models import LIVE_STATES, share_of
+from swarmrl.ledger.models import LIVE_STATES, TRAINABLE, share_of
 from swarmrl.orchestrator import membership, speculation
 from swarmrl.orchestrator.config import OrchestratorConfig
 from swarmrl.orchestrator.issuance import assignment_seed, assignments_needed
@@ -37,6 +38,11 @@ _CLAIMED = select(func.coalesce(func.sum(Submission.num_nonzero), 0)).where(
     Submission.step == bindparam("step"), Submission.state.in_(LIVE_STATES)
 )
 _CLAIMED_UNREAD = _CLAIMED.where(Submission.counted.is_(False))
+# Samples in the files the trainer may read and has not yet (a file waiting for its
+# verdict is not listed to it: it does not count toward the step's cap).
+_UNREAD_SAMPLES = select(func.coalesce(func.sum(Submission.num_samples), 0)).where(
+    Submission.step == bindparam("step"), TRAINABLE, Submission.counted.is_(False)
+)
 _REPORTED = (
     select(Step.trainer_usable, Step.trainer_read)
     .where(Step.trainer_read > 0)
@@ -107,14 +113,25 @@ def need(s: Session, step: int, observed: float, config: OrchestratorConfig, now
         if row.full_at is None:
             row.full_at = now
         return 0
-    open_count = s.scalar(_OPEN_IN_STEP, {"step": step})
+    open_count = int(s.scalar(_OPEN_IN_STEP, {"step": step}) or 0)
+    per_assignment = config.prompts_per_assignment * config.group_size
+    cap = None
+    issued = 0
+    if config.max_read_ratio > 0:
+        # What the trainer will read of the step: what it read, what its unread files
+        # hold, what the open assignments will bring. It reads no more than the cap.
+        cap = math.ceil(config.max_read_ratio * row.target_samples)
+        unread = int(s.scalar(_UNREAD_SAMPLES, {"step": step}) or 0)
+        issued = (row.trainer_read or 0) + unread + open_count * per_assignment
     return assignments_needed(
         target=row.target_samples,
         usable=in_step,
-        open_assignments=int(open_count or 0),
-        samples_per_assignment=config.prompts_per_assignment * config.group_size,
+        open_assignments=open_count,
+        samples_per_assignment=per_assignment,
         observed_yield=observed,
         surplus=config.surplus,
+        issued_samples=issued,
+        max_samples=cap,
     )
 
 

@@ -102,6 +102,15 @@ class OrchestratorConfig(BaseModel):
         le=1,
         description="extra share of a step's need issued to cover lapses and rejects",
     )
+    max_read_ratio: float = Field(
+        _RUN.trainer.max_read_ratio,
+        ge=0,
+        description="the run's trainer.max_read_ratio: a step's work stops at this many times "
+        "batch_samples samples (those the trainer read, those in trainable files it has not "
+        "read, those its open assignments will bring), since the trainer reads no more for "
+        "it; past that one assignment at a time, and only while nothing usable is in or on "
+        "its way (0 = no cap)",
+    )
     prior_yield: float = Field(
         0.5,
         gt=0,
@@ -309,6 +318,7 @@ def run_settings(cfg: RunConfig) -> dict[str, Any]:
         "group_size": cfg.sampling.group_size,
         "async_level": cfg.async_level,
         "surplus": pool.surplus,
+        "max_read_ratio": cfg.trainer.max_read_ratio,
         "validation_fraction": cfg.validator.fraction,
         "heartbeat_seconds": pool.heartbeat_seconds,
         "unhealthy_after": heartbeats(pool.dead_seconds / 2, pool.heartbeat_seconds),

@@ -38,16 +38,30 @@ def assignments_needed(
     samples_per_assignment: int,
     observed_yield: float,
     surplus: float,
+    issued_samples: int = 0,
+    max_samples: int | None = None,
 ) -> int:
     """New assignments a step still needs.
 
     `usable` samples are in; each open assignment is expected to bring
     `samples_per_assignment × observed_yield` more. Issue enough to cover what is
     missing plus a `surplus` share, and nothing once the step is full.
+
+    `max_samples` caps the step's work: `issued_samples` (what the trainer read, what
+    its unread files hold and what the open assignments will bring) goes up to it and,
+    being issued in whole assignments, past it by less than one, so a trainer that
+    stops reading at `max_samples` always gets there. Past the cap a step is issued one
+    assignment at a time, and only while nothing usable is in or on its way (`usable`
+    0 and nothing open): it never waits for work nobody was given.
     """
     missing = target - usable
     if missing <= 0:
         return 0
     per_assignment = samples_per_assignment * max(observed_yield, 0.05)
-    wanted = math.ceil(missing * (1 + surplus) / per_assignment)
-    return max(wanted - open_assignments, 0)
+    wanted = max(math.ceil(missing * (1 + surplus) / per_assignment) - open_assignments, 0)
+    if max_samples is None:
+        return wanted
+    room = math.ceil((max_samples - issued_samples) / samples_per_assignment)
+    if room > 0:
+        return min(wanted, room)
+    return 1 if usable <= 0 and open_assignments == 0 else 0

@@ -13,19 +13,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from swarmrl.ledger import Assignment, Checkpoint, Submission
-from swarmrl.ledger.models import LIVE_STATES, TrainingMetrics
+from swarmrl.ledger.models import LIVE_STATES, TRAINABLE, TrainingMetrics
 from swarmrl.orchestrator import accounts, assignments, membership, status
 from swarmrl.orchestrator.config import OrchestratorConfig
 from swarmrl.orchestrator.errors import Refusal
 from swarmrl.orchestrator.uploads import submission_info
 from swarmrl.protocol import models as api
-
-# What the trainer may train: accepted files, and pending ones not chosen for validation.
-# A chosen file waits for its verdict unlisted (its claimed samples still count as coming
-# in the step's need, so nothing a worker sees differs).
-TRAINABLE = (Submission.state == "accepted") | (
-    (Submission.state == "pending") & Submission.to_validate.is_(False)
-)
 
 
 def submissions_for_step(s: Session, trainer: str, step: int) -> api.SubmissionList:
