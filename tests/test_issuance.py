@@ -35,24 +35,27 @@ def test_issued_to_cover_the_need_at_the_observed_yield(
 
 
 @pytest.mark.parametrize(
-    ("usable", "open_assignments", "issued", "expected"),
+    ("usable", "open_assignments", "issued", "unread", "expected"),
     [
-        (0, 0, 0, 4),  # the need (5) capped: 256 / 64 = 4
-        (0, 2, 128, 2),  # 2 open (128 samples) of the 256
-        (40, 1, 200, 1),  # 56 samples of room: a whole assignment, past the cap by 8
-        (40, 0, 256, 0),  # at the cap, something usable in: nothing
-        (0, 1, 256, 0),  # at the cap, work on its way: nothing
-        (0, 0, 256, 1),  # at the cap, nothing in or coming: one at a time
-        (0, 0, 320, 1),
-        (128, 0, 0, 0),  # full stays full
+        (0, 0, 0, 0, 4),  # the need (5) capped: 256 / 64 = 4
+        (0, 2, 128, 0, 2),  # 2 open (128 samples) of the 256
+        (40, 1, 200, 0, 1),  # 56 samples of room: a whole assignment, past the cap by 8
+        (40, 1, 256, 0, 0),  # at the cap, work on its way: nothing
+        (40, 0, 256, 64, 0),  # at the cap, a file the trainer has not read: nothing
+        (40, 0, 256, 0, 1),  # all read, nothing open, the trainer still short: one
+        (0, 0, 320, 0, 1),  # (every group agreed so far): one at a time
+        (128, 0, 0, 0, 0),  # full stays full
     ],
 )
-def test_the_cap_stops_at_what_the_trainer_reads(usable, open_assignments, issued, expected):
+def test_the_cap_stops_at_what_the_trainer_reads(
+    usable, open_assignments, issued, unread, expected
+):
     got = assignments_needed(
         usable=usable,
         open_assignments=open_assignments,
         observed_yield=0.5,
         issued_samples=issued,
+        unread_samples=unread,
         max_samples=256,
         **STEP,
     )

@@ -906,14 +906,45 @@ def test_a_step_is_issued_what_the_trainer_reads_and_no_more(tmp_path):
         # The trainer read all 16 samples, none with signal.
         status = p.trainer.report_progress(0, usable=0, read=16, files=files)
         assert status.usable_samples == 0 and status.read_samples == 16
-        # Past the cap with nothing usable in or on its way: one assignment at a time.
+        # Past the cap, everything read, nothing open, the step not full: one assignment
+        # at a time.
         extra = second.assignment(0).assignment
         assert extra is not None and extra.step == 0
         assert first.assignment(0).assignment is None
-        # Its file claims 4 usable samples: something is on its way, nothing more issued.
-        p.upload_for(second, extra, num_nonzero=4)
+        # Its file is in and unread: nothing more until the trainer has read it.
+        last = p.upload_for(second, extra, num_nonzero=4).file_hash
         assert first.assignment(0).assignment is None
+        # A trainer whose own read cap is higher (or that wants a full batch) reads it and
+        # is still short: one more, never a stall.
+        p.trainer.report_progress(0, usable=4, read=20, files=[last])
+        assert first.assignment(0).assignment is not None
+        assert first.assignment(0).assignment is None
+        # The trainer says the step is full: nothing more.
+        p.trainer.report_progress(0, usable=4, read=20, full=True)
+        assert p.new_worker().assignment(0).assignment is None
         assert p.ledger_problems() == []
+    finally:
+        p.stop()
+
+
+def test_the_trainers_report_says_full_once_it_has_read_its_cap(tmp_path):
+    # The report that counts the file filling the trainer's read cap says the step is
+    # full, so no assignment is issued between that report and the step's training.
+    from swarmrl.trainer.pool_source import PoolStepCollector
+
+    p = make_pool(tmp_path, async_level=0, max_read_ratio=2, validation_fraction=0.0)
+    p.trainer.announce_checkpoint(0, BLAKE)
+    try:
+        collector = PoolStepCollector(0, 0, client=p.trainer, batch_samples=8, max_read_ratio=2.0)
+        collector.all_rewards = [0.0] * 12
+        collector.groups = [[None] * 2]  # 2 usable of 12 read: keep reading
+        collector.report()
+        assert not PoolClient(p.url, None).status().steps[0].full
+        collector.all_rewards += [0.0] * 4  # 16 read = 2 × 8, with something to train on
+        collector.report()
+        status = PoolClient(p.url, None).status().steps[0]
+        assert status.full and (status.usable_samples, status.read_samples) == (2, 16)
+        assert p.workers[0].assignment(0).assignment is None
     finally:
         p.stop()
 

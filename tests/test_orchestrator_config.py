@@ -108,10 +108,12 @@ def test_validation_assignments_stake_and_file_bounds_follow_the_run():
             "pool.surplus": 0.3,
             "pool.stake": 4.0,
             "sampling.max_new_tokens": 100,
+            "trainer.max_read_ratio": 2.5,
         }
     )
     s = orchestrator_settings(cfg, owner=OWNER)
     assert (s.validation_fraction, s.assignment_seconds, s.surplus) == (0.25, 33.0, 0.3)
+    assert s.max_read_ratio == 2.5  # the step's work stops where the trainer's reading does
     assert (s.min_stake, s.owner) == (4.0, OWNER)
     bounds = RolloutBounds.for_run(cfg)
     assert (s.max_new_tokens, s.max_prompt_tokens) == (

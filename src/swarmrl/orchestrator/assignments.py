@@ -116,7 +116,7 @@ def need(s: Session, step: int, observed: float, config: OrchestratorConfig, now
     open_count = int(s.scalar(_OPEN_IN_STEP, {"step": step}) or 0)
     per_assignment = config.prompts_per_assignment * config.group_size
     cap = None
-    issued = 0
+    issued = unread = 0
     if config.max_read_ratio > 0:
         # What the trainer will read of the step: what it read, what its unread files
         # hold, what the open assignments will bring. It reads no more than the cap.
@@ -131,6 +131,7 @@ def need(s: Session, step: int, observed: float, config: OrchestratorConfig, now
         observed_yield=observed,
         surplus=config.surplus,
         issued_samples=issued,
+        unread_samples=unread,
         max_samples=cap,
     )
 

@@ -39,20 +39,24 @@ def assignments_needed(
     observed_yield: float,
     surplus: float,
     issued_samples: int = 0,
+    unread_samples: int = 0,
     max_samples: int | None = None,
 ) -> int:
-    """New assignments a step still needs.
+    """New assignments a step still needs (the caller asks only while the trainer has
+    not said the step is full).
 
     `usable` samples are in; each open assignment is expected to bring
     `samples_per_assignment × observed_yield` more. Issue enough to cover what is
     missing plus a `surplus` share, and nothing once the step is full.
 
-    `max_samples` caps the step's work: `issued_samples` (what the trainer read, what
-    its unread files hold and what the open assignments will bring) goes up to it and,
-    being issued in whole assignments, past it by less than one, so a trainer that
-    stops reading at `max_samples` always gets there. Past the cap a step is issued one
-    assignment at a time, and only while nothing usable is in or on its way (`usable`
-    0 and nothing open): it never waits for work nobody was given.
+    `max_samples` caps the step's work: `issued_samples` (what the trainer read, the
+    `unread_samples` of files it may read and has not, and what the open assignments
+    will bring) goes up to it and, being issued in whole assignments, past it by less
+    than one, so a trainer that stops reading at `max_samples` always gets there. Past
+    the cap the step is issued one assignment at a time, and only once the trainer has
+    read everything there is and nothing is open: a trainer still short of its batch
+    (every group so far agreeing, or its own read cap set higher) never waits for work
+    nobody was given.
     """
     missing = target - usable
     if missing <= 0:
@@ -64,4 +68,4 @@ def assignments_needed(
     room = math.ceil((max_samples - issued_samples) / samples_per_assignment)
     if room > 0:
         return min(wanted, room)
-    return 1 if usable <= 0 and open_assignments == 0 else 0
+    return 1 if open_assignments == 0 and unread_samples == 0 else 0

@@ -101,6 +101,15 @@ def token_samples(
 Rescore = Callable[[Path, Rollouts, RolloutMeta], Rollouts]
 
 
+def step_is_full(usable: int, read: int, batch_samples: int, max_read_ratio: float) -> bool:
+    """A step has what it trains on: a full batch of usable samples, or (`max_read_ratio`
+    > 0) some usable ones after reading max_read_ratio × batch_samples samples. The
+    orchestrator issues a step no more than that (orchestrator/issuance.py)."""
+    if usable >= batch_samples:
+        return True
+    return max_read_ratio > 0 and usable > 0 and read >= max_read_ratio * batch_samples
+
+
 @dataclass
 class BatchCollector:
     """Accumulates usable groups for one step across calls, reading each file once."""

@@ -20,7 +20,7 @@ from swarmrl.config import RunConfig
 from swarmrl.protocol import PoolClient, PoolRefused, PoolUnreachable
 from swarmrl.rollouts import LOOSE_BOUNDS, RolloutBounds, file_hash
 from swarmrl.tasks.base import Task
-from swarmrl.trainer.batches import BatchCollector, Sample
+from swarmrl.trainer.batches import BatchCollector, Sample, step_is_full
 from swarmrl.trainer.rescoring import Rescorer
 
 log = logging.getLogger("swarmrl.trainer")
@@ -34,6 +34,7 @@ class PoolStepCollector(BatchCollector):
     inbox: Path = Path()
     rescorer: Rescorer | None = None
     batch_samples: int = 0
+    max_read_ratio: float = 0.0
     files: dict[int, str] = field(default_factory=dict)  # id(rows) → file hash
     processed: list[str] = field(default_factory=list)  # every file hash read or refused
 
@@ -100,7 +101,12 @@ class PoolStepCollector(BatchCollector):
                 usable=self.usable,
                 read=len(self.all_rewards),
                 files=self.processed,
-                full=full or self.usable >= self.batch_samples,
+                # Full as soon as the trainer will train it (in the report that counts
+                # the file that filled it), so the orchestrator issues nothing more.
+                full=full
+                or step_is_full(
+                    self.usable, len(self.all_rewards), self.batch_samples, self.max_read_ratio
+                ),
             )
         except (PoolRefused, PoolUnreachable) as exc:
             log.warning("step %d: progress report failed: %s", self.step, exc)
@@ -130,4 +136,5 @@ class PoolRolloutSource:
             inbox=Path(self.inbox_dir) / f"step_{step}",
             rescorer=Rescorer(self.cfg, self.task, self.tokenizer),
             batch_samples=self.cfg.trainer.batch_samples,
+            max_read_ratio=self.cfg.trainer.max_read_ratio,
         )

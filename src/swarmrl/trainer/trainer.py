@@ -57,7 +57,7 @@ from swarmrl.runfolder import checkpoint_dir, latest_checkpoint
 from swarmrl.shardcast.client import server_bytes
 from swarmrl.tasks.registry import build_task
 from swarmrl.trainer import distributed
-from swarmrl.trainer.batches import Sample
+from swarmrl.trainer.batches import Sample, step_is_full
 from swarmrl.trainer.inputs import RolloutSource, StepCollector
 from swarmrl.trainer.metrics import StepMetrics, dashboard_report, read_metrics
 from swarmrl.trainer.offpolicy import OffPolicySettings
@@ -94,13 +94,8 @@ def learning_rate(
 def enough(collector: StepCollector, tc: TrainerConfig) -> bool:
     """A full batch of usable samples, or (`max_read_ratio`) some usable ones after
     reading max_read_ratio x batch_samples samples for the step."""
-    if collector.usable >= tc.batch_samples:
-        return True
-    read = len(collector.all_rewards)
-    return (
-        tc.max_read_ratio > 0
-        and collector.usable > 0
-        and read >= tc.max_read_ratio * tc.batch_samples
+    return step_is_full(
+        collector.usable, len(collector.all_rewards), tc.batch_samples, tc.max_read_ratio
     )
 
 
