@@ -267,6 +267,9 @@ def test_a_file_voided_after_it_was_read_is_not_trained(tmp_path, model_dir):
         assert {first.file_hash, second.file_hash} <= read
         validator.post_verdict(caught.file_hash, False, "rejected: toploc: sample 0")
         assert collector.drop_withdrawn() > 0
+        # The drop is reported: the orchestrator issues by the trainer's count without it.
+        step0 = next(s for s in PoolClient(pool.server.url, None).status().steps if s.step == 0)
+        assert step0.usable_samples == collector.usable
         used = collector.files_of(collector.take(10**6))
         assert first.file_hash not in used and second.file_hash in used
         assert collector.drop_withdrawn() == 0

@@ -108,8 +108,8 @@ class OrchestratorConfig(BaseModel):
         description="the run's trainer.max_read_ratio: a step's work stops at this many times "
         "batch_samples samples (those the trainer read, those in trainable files it has not "
         "read, those its open assignments will bring), since the trainer reads no more for "
-        "it; past that one assignment at a time, and only while nothing usable is in or on "
-        "its way (0 = no cap)",
+        "it; past that one assignment at a time, and only once the trainer has read all there "
+        "is and nothing is open while the step is not full (0 = no cap)",
     )
     prior_yield: float = Field(
         0.5,

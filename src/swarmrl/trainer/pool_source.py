@@ -89,6 +89,9 @@ class PoolStepCollector(BatchCollector):
                 dropped,
             )
         self.groups = kept
+        if dropped:
+            # A step reported full may be short now: the orchestrator issues by the count.
+            self.report()
         return dropped
 
     def report(self, full: bool = False) -> None:
