@@ -700,6 +700,78 @@ def test_trainer_and_validator_flow(pool):
     assert pool.ledger_problems() == []
 
 
+def _asked_in_background(call):
+    """Run `call` in a thread; returns a function that joins it and gives (result, seconds)."""
+    out: dict = {}
+
+    def run() -> None:
+        start = time.monotonic()
+        out["result"] = call()
+        out["seconds"] = time.monotonic() - start
+
+    t = threading.Thread(target=run)
+    t.start()
+
+    def joined():
+        t.join(timeout=30)
+        return out["result"], out["seconds"]
+
+    return joined
+
+
+def test_a_waiting_validator_gets_the_file_uploaded_meanwhile(pool):
+    # A long poll: held while nothing is there, answered when an upload comes.
+    worker, a = _assignment(pool)
+    joined = _asked_in_background(lambda: pool.validator.next_for_validation(wait=8))
+    time.sleep(0.3)
+    sent = pool.upload_for(worker, a)
+    handed, seconds = joined()
+    assert handed.submission is not None and handed.submission.file_hash == sent.file_hash
+    assert seconds < 6  # the upload ended the wait, not the 8 s
+    # Nothing more comes: held for the wait, then answered empty.
+    start = time.monotonic()
+    assert pool.validator.next_for_validation(wait=0.5).submission is None
+    assert time.monotonic() - start >= 0.45
+    assert pool.ledger_problems() == []
+
+
+def test_the_last_checkpoint_ends_a_validators_wait(pool):
+    joined = _asked_in_background(lambda: pool.validator.next_for_validation(wait=8))
+    time.sleep(0.3)
+    pool.trainer.announce_checkpoint(0, BLAKE, final=True)
+    handed, seconds = joined()
+    assert handed.submission is None and seconds < 6
+    # The run is over: nothing is held any more.
+    start = time.monotonic()
+    assert pool.validator.next_for_validation(wait=8).submission is None
+    assert time.monotonic() - start < 6
+
+
+@pytest.mark.parametrize("wait", ["-1", "10.5", "nan", "inf", "x", "1e400"])
+def test_a_wait_out_of_bounds_is_refused(pool, wait):
+    v = pool.validator
+    detail = refused(lambda: v._send("POST", f"/v1/validation/next?wait={wait}"), 422)
+    assert "wait" in detail
+
+
+def test_only_so_many_requests_wait_at_once():
+    from swarmrl.orchestrator.arrivals import Arrivals
+
+    arrivals = Arrivals(max_waiters=1)
+    seen = arrivals.count
+    waiter = threading.Thread(target=arrivals.wait_past, args=(seen, 5.0))
+    waiter.start()
+    time.sleep(0.2)
+    start = time.monotonic()
+    assert arrivals.wait_past(seen, 5.0) is False  # the one place is taken: answered at once
+    assert time.monotonic() - start < 1
+    arrivals.notify()
+    waiter.join(timeout=5)
+    assert arrivals.wait_past(seen, 5.0) is True  # news since `seen`: no wait at all
+    arrivals.close()
+    assert arrivals.wait_past(arrivals.count, 5.0) is False
+
+
 def test_validator_restart_resumes_pending(tmp_path):
     # A lease long enough that the second request surely falls inside it on a loaded
     # machine (at 0.5 s it once expired between two requests in CI).

@@ -409,14 +409,15 @@ def test_validator_waits_out_the_rate_limit_and_ends_with_the_run(tmp_path, monk
                 "trainer.batch_samples": 8,
                 "output_dir": str(tmp_path / "out"),
                 "validator.poll_seconds": 0.01,  # asks far faster than 2 requests a second
+                "validator.wait_seconds": 0.0,  # and is never held
             },
         )
         refusals: list[str] = []
         asked = service.PoolClient.next_for_validation
 
-        def counting(client):
+        def counting(client, wait=0.0):
             try:
-                return asked(client)
+                return asked(client, wait)
             except service.PoolRefused as exc:
                 refusals.append(exc.code)
                 raise

@@ -330,7 +330,15 @@ class ValidatorConfig(_Section):
 
     threads: int = Field(1, ge=1, description="torch threads for the validator process")
     poll_seconds: float = Field(
-        0.5, gt=0, description="how often the validator looks for new rollout files"
+        0.5,
+        gt=0,
+        description="pause before looking for new rollout files again after an empty answer that came back before wait_seconds (an orchestrator that holds no request)",
+    )
+    wait_seconds: float = Field(
+        2.0,
+        ge=0,
+        le=10,
+        description="with nothing to judge, the orchestrator holds the validator's request up to this long for an upload (a long poll: a verdict starts as soon as a file comes in, and a file chosen for validation reaches the trainer only after its verdict); 0: look every poll_seconds",
     )
 
 

@@ -29,6 +29,7 @@ from starlette.requests import ClientDisconnect
 
 from swarmrl.identity import PROTOCOL, body_digest
 from swarmrl.ledger import Ledger
+from swarmrl.orchestrator.arrivals import MAX_WAIT_SECONDS
 from swarmrl.orchestrator.auth import Caller, RateLimiter, RequestVerifier, pool_id
 from swarmrl.orchestrator.config import OrchestratorConfig
 from swarmrl.orchestrator.dashboard import add_dashboard
@@ -418,9 +419,20 @@ def create_app(config: OrchestratorConfig, clock: Callable[[], float] = time.tim
         responses=ERRORS,
         tags=["validator"],
     )
-    def next_for_validation(caller: Signed) -> api.ValidationTask:
+    def next_for_validation(
+        caller: Signed,
+        wait: Annotated[
+            float,
+            Query(
+                ge=0,
+                le=MAX_WAIT_SECONDS,
+                description="with nothing to judge, hold the request up to this many seconds "
+                "for an upload (a long poll; answered at once when too many wait already)",
+            ),
+        ] = 0.0,
+    ) -> api.ValidationTask:
         """The next file to check, with its assignment; handed out again if no verdict comes."""
-        return pool.next_for_validation(caller)
+        return pool.next_for_validation(caller, wait)
 
     @app.post(
         "/v1/pool/fund",

@@ -33,6 +33,7 @@ from swarmrl.orchestrator import (
     uploads,
     validation,
 )
+from swarmrl.orchestrator.arrivals import MAX_WAIT_SECONDS, Arrivals
 from swarmrl.orchestrator.auth import Caller, RateLimiter
 from swarmrl.orchestrator.config import OrchestratorConfig
 from swarmrl.orchestrator.errors import Refusal, Replayed
@@ -64,6 +65,7 @@ class Pool:
         self.limiter = limiter
         self.joins = joins  # one bucket ("join") for registrations of new addresses
         self._lock = threading.Lock()
+        self.arrivals = Arrivals()  # what a validator's long poll waits for (arrivals.py)
         self._view: api.HeartbeatResponse | None = None  # what heartbeats answer; None = rebuild
         self.recipe = recipe.of_pool(config)
         self.refusals = RecentRefusals()
@@ -214,7 +216,7 @@ class Pool:
                 limits = uploads.bounds(s, assignment_id, self.config)
             parsed = uploads.parse(upload, limits)
             with self._lock, self.ledger.session() as s:
-                return uploads.record(
+                recorded = uploads.record(
                     s,
                     worker,
                     assignment_id,
@@ -225,6 +227,8 @@ class Pool:
                     store=self.store,
                     now=self.clock(),
                 )
+            self.arrivals.notify()  # committed: a waiting validator may look again
+            return recorded
         except Refusal as refused:
             if refused.code == "bad_file":
                 with self._lock, self.ledger.session() as s:
@@ -266,7 +270,10 @@ class Pool:
         with self.signed_act(caller) as s:
             training.announce_checkpoint(s, caller.address, req, rates=self._rates(), now=now)
             self._view = None
-            return membership.pool_view(s, self.config)
+            view = membership.pool_view(s, self.config)
+        if req.final:
+            self.arrivals.close()  # a validator's long poll is answered now
+        return view
 
     # -- validators ---------------------------------------------------------------------
 
@@ -275,12 +282,26 @@ class Pool:
         with self.signed_act(caller) as s:
             return validation.submission_of(s, caller.address, file_hash, self.allowlist)
 
-    def next_for_validation(self, caller: Caller) -> api.ValidationTask:
-        now = self.clock()
+    def next_for_validation(self, caller: Caller, wait: float = 0.0) -> api.ValidationTask:
+        """The next file to judge; with none, held up to `wait` seconds for an upload
+        (arrivals.py), looking again after each, outside the lock."""
+        seen = self.arrivals.count
+        lease = self.config.validation_lease_seconds
         with self.signed_act(caller) as s:
-            return validation.next_for_validation(
-                s, caller.address, lease_seconds=self.config.validation_lease_seconds, now=now
+            task = validation.next_for_validation(
+                s, caller.address, lease_seconds=lease, now=self.clock()
             )
+        deadline = time.monotonic() + min(wait, MAX_WAIT_SECONDS)
+        while task.submission is None and (left := deadline - time.monotonic()) > 0:
+            if not self.arrivals.wait_past(seen, left):
+                break
+            seen = self.arrivals.count
+            # The request's nonce is spent; the validator's role is checked again inside.
+            with self._lock, self.ledger.session() as s:
+                task = validation.next_for_validation(
+                    s, caller.address, lease_seconds=lease, now=self.clock()
+                )
+        return task
 
     def record_verdict(
         self, caller: Caller, req: api.VerdictRequest, *, body: str

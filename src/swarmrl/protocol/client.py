@@ -337,8 +337,11 @@ class PoolClient:
 
     # -- validators ---------------------------------------------------------------------
 
-    def next_for_validation(self) -> api.ValidationTask:
-        r = self._send("POST", "/v1/validation/next")
+    def next_for_validation(self, wait: float = 0.0) -> api.ValidationTask:
+        """The next file to judge; `wait` > 0: with none, the orchestrator holds the
+        request up to that many seconds for an upload (a long poll)."""
+        path = "/v1/validation/next" + (f"?wait={wait:g}" if wait > 0 else "")
+        r = self._send("POST", path)
         return api.ValidationTask.model_validate_json(r.content)
 
     def submission(self, file_hash: str) -> api.ValidationTask:

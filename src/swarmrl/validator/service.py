@@ -164,8 +164,9 @@ def run_validator(cfg: RunConfig, client: PoolClient) -> dict[str, int]:
         while True:
             view = membership.view() or view
             policies.servers = view.checkpoint_servers(with_origin=True)
+            asked = time.monotonic()
             try:
-                handed = client.next_for_validation()
+                handed = client.next_for_validation(wait=cfg.validator.wait_seconds)
             except (PoolRefused, PoolUnreachable) as exc:
                 if not retryable(exc):
                     raise
@@ -177,7 +178,10 @@ def run_validator(cfg: RunConfig, client: PoolClient) -> dict[str, int]:
             if handed.submission is None:
                 if view.finished:
                     return verdict_counts(cfg.run_dir)
-                time.sleep(cfg.validator.poll_seconds)
+                # Held for the whole wait: ask again at once. Answered early (the run is
+                # over, or an orchestrator that holds no request): pause first.
+                if time.monotonic() - asked < cfg.validator.wait_seconds / 2:
+                    time.sleep(cfg.validator.poll_seconds)
                 continue
             try:
                 record = judge_submission(client, handed, cfg, policies, settings, task)
