@@ -7,6 +7,7 @@ import math
 import time
 
 import numpy as np
+import pytest
 import torch
 
 from helpers import random_model
@@ -440,5 +441,57 @@ def test_validator_waits_out_the_rate_limit_and_ends_with_the_run(tmp_path, monk
         assert not thread.is_alive() and result == [
             {"accepted": 0, "rejected": 0, "unusable": 0, "skipped": 0}
         ]
+    finally:
+        pool.stop()
+
+
+@pytest.mark.parametrize("wait", [0.0, 2.0])
+def test_an_idle_validator_paces_its_asking_and_ends_with_the_run(tmp_path, monkeypatch, wait):
+    """With nothing to judge, a validator asking for no wait pauses `poll_seconds` between
+    asks; one asking for a long poll is held by the orchestrator. Either way it asks a few
+    times a second at most, and it returns soon after the final checkpoint (the held
+    request is answered then, and it asks for its heartbeat at once)."""
+    import threading
+
+    from swarmrl.config import load_config
+    from swarmrl.validator import service
+
+    # With a long poll the heartbeat is slow (30 s): the view alone would be late.
+    pool = make_pool(tmp_path, heartbeat_seconds=30.0 if wait else 1.0)
+    try:
+        cfg = load_config(
+            None,
+            {
+                "run_name": "test",
+                "worker.prompts_per_file": 2,
+                "sampling.group_size": 2,
+                "trainer.batch_samples": 8,
+                "output_dir": str(tmp_path / "out"),
+                "validator.poll_seconds": 0.3,
+                "validator.wait_seconds": wait,
+            },
+        )
+        asks: list[float] = []
+        asked = service.PoolClient.next_for_validation
+
+        def counting(client, wait=0.0):
+            asks.append(time.monotonic())
+            return asked(client, wait)
+
+        monkeypatch.setattr(service.PoolClient, "next_for_validation", counting)
+        result: list = []
+        client = pool.client(pool.keys["validator"])
+        thread = threading.Thread(
+            target=lambda: result.append(service.run_validator(cfg, client)), daemon=True
+        )
+        thread.start()
+        time.sleep(3.0)
+        assert thread.is_alive() and 1 <= len(asks) <= 12  # not spinning
+        announced = time.monotonic()
+        pool.trainer.announce_checkpoint(0, "ab" * 32, final=True)
+        thread.join(timeout=60)
+        assert not thread.is_alive() and result[0]["accepted"] == 0
+        if wait:
+            assert time.monotonic() - announced < 10  # not the 30 s heartbeat
     finally:
         pool.stop()

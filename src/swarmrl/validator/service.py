@@ -24,6 +24,7 @@ one signed verdict per file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -176,11 +177,18 @@ def run_validator(cfg: RunConfig, client: PoolClient) -> dict[str, int]:
                 time.sleep(RETRY_SECONDS)
                 continue
             if handed.submission is None:
+                # Held for the whole wait: ask again at once. Answered early though a wait
+                # was asked (the run is over: the orchestrator holds nothing after its
+                # last checkpoint), hear it now rather than at the next heartbeat. Early
+                # (or no wait asked): pause before asking again.
+                wait = cfg.validator.wait_seconds
+                early = wait <= 0 or time.monotonic() - asked < wait / 2
+                if wait > 0 and early and not view.finished:
+                    with contextlib.suppress(PoolRefused, PoolUnreachable):
+                        view = membership.beat()
                 if view.finished:
                     return verdict_counts(cfg.run_dir)
-                # Held for the whole wait: ask again at once. Answered early (the run is
-                # over, or an orchestrator that holds no request): pause first.
-                if time.monotonic() - asked < cfg.validator.wait_seconds / 2:
+                if early:
                     time.sleep(cfg.validator.poll_seconds)
                 continue
             try:
