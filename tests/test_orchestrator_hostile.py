@@ -330,6 +330,84 @@ def test_a_stranger_registering_as_a_validator_is_refused_and_the_process_lives(
     assert alive(proc, url)
 
 
+# -- the validators' long poll: a query parameter that holds a request -------------------
+
+
+@pytest.fixture(scope="module")
+def validator_server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hostile-validator")
+    validator = Identity.generate()
+    (tmp / "allowlist").write_text(f"{validator.address} validator\n")
+    proc, url = start(tmp, "--allowlist", str(tmp / "allowlist"))
+    PoolClient(url, validator).register("validator")
+    yield proc, url, validator
+    stop(proc)
+
+
+def _holds(wait: str) -> bool:
+    """A value the orchestrator would accept and hold for (skipped: each costs its wait)."""
+    try:
+        return 0.2 < float(wait) <= 10
+    except ValueError:
+        return False
+
+
+@given(
+    wait=st.one_of(
+        st.text(max_size=40),
+        st.floats().map(repr),
+        st.integers().map(str),
+        st.sampled_from(["-0", "1e400", "nan", "-inf", "10.000001", "0x5", "1_0", " 1", ""]),
+    )
+)
+@settings(
+    max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_a_hostile_wait_gets_an_answer_at_once_and_the_process_lives(validator_server, wait):
+    """Any `wait` text a validator signs: 200 (a number in bounds) or 422 with a reason,
+    never held past the bound, never 5xx; the process stays up."""
+    from urllib.parse import quote
+
+    from hypothesis import assume
+
+    assume(not _holds(wait))
+    proc, url, validator = validator_server
+    path = "/v1/validation/next?wait=" + quote(wait, safe="")
+    headers = sign_request(validator, "POST", path, body_digest(b""), pool=pool_id(url))
+    started = time.monotonic()
+    r = httpx.post(url + path, headers=headers, timeout=30)
+    assert r.status_code == 200 or (400 <= r.status_code < 500 and r.json()["detail"]), r.text
+    assert time.monotonic() - started < 5
+    assert proc.poll() is None
+
+
+def test_strangers_and_replays_are_not_held(validator_server):
+    """A long poll is a member's: an unsigned request, a stranger's and a replay asking
+    for the longest wait are refused at once; a validator's is held, once."""
+    proc, url, validator = validator_server
+    path = "/v1/validation/next?wait=10"
+    stranger = Identity.generate()
+    for headers in (
+        {},
+        sign_request(stranger, "POST", path, body_digest(b""), pool=pool_id(url)),
+    ):
+        started = time.monotonic()
+        r = httpx.post(url + path, headers=headers, timeout=30)
+        assert 400 <= r.status_code < 500, r.text
+        assert time.monotonic() - started < 5
+    short = "/v1/validation/next?wait=0.5"
+    headers = sign_request(validator, "POST", short, body_digest(b""), pool=pool_id(url))
+    started = time.monotonic()
+    first = httpx.post(url + short, headers=headers, timeout=30)
+    assert first.status_code == 200 and first.json()["submission"] is None
+    assert time.monotonic() - started >= 0.45  # held: nothing came
+    started = time.monotonic()
+    again = httpx.post(url + short, headers=headers, timeout=30)
+    assert 400 <= again.status_code < 500, again.text
+    assert time.monotonic() - started < 0.45  # a replay is refused before any wait
+    assert alive(proc, url)
+
+
 def _signed_the_old_way(identity: Identity, method: str, path: str, body: bytes) -> dict:
     """Headers a swarmrl/1 client sends: its text names no pool, and no X-Pool header."""
     timestamp, nonce = int(time.time()), os.urandom(16).hex()
