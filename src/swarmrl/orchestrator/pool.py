@@ -285,12 +285,18 @@ class Pool:
     def next_for_validation(self, caller: Caller, wait: float = 0.0) -> api.ValidationTask:
         """The next file to judge; with none, held up to `wait` seconds for an upload
         (arrivals.py), looking again after each, outside the lock."""
-        seen = self.arrivals.count
-        lease = self.config.validation_lease_seconds
-        with self.signed_act(caller) as s:
-            task = validation.next_for_validation(
-                s, caller.address, lease_seconds=lease, now=self.clock()
+
+        def look(s: Session) -> api.ValidationTask:
+            return validation.next_for_validation(
+                s,
+                caller.address,
+                lease_seconds=self.config.validation_lease_seconds,
+                now=self.clock(),
             )
+
+        seen = self.arrivals.count
+        with self.signed_act(caller) as s:
+            task = look(s)
         deadline = time.monotonic() + min(wait, MAX_WAIT_SECONDS)
         while task.submission is None and (left := deadline - time.monotonic()) > 0:
             if not self.arrivals.wait_past(seen, left):
@@ -298,9 +304,7 @@ class Pool:
             seen = self.arrivals.count
             # The request's nonce is spent; the validator's role is checked again inside.
             with self._lock, self.ledger.session() as s:
-                task = validation.next_for_validation(
-                    s, caller.address, lease_seconds=lease, now=self.clock()
-                )
+                task = look(s)
         return task
 
     def record_verdict(
