@@ -6,6 +6,12 @@ few steps with every file judged (`--validator.fraction 1`): the honest vLLM wor
 files all pass the validator's replay, proofs and logprob checks, and the cheater, which
 samples at half the run's temperature on its own vLLM engine and claims the run's, is
 rejected, slashed and ejected.
+
+The cheater has to upload a file before the run ends for it to be caught: its vLLM
+engine starts beside the honest worker's, and on two busy cores one of the two warm-ups
+can take several seconds longer (4.4 s against 0.6 s here on 2026-12-07; in CI once
+longer than the whole run of 3 steps, which the honest worker trains in ~4 s once its
+engine is up). The run is long enough to leave the slower engine that much and more.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from swarmrl.runfolder import RunFolder
 
 pytestmark = [pytest.mark.slow, vllm_only()]
 
-STEPS = 3
+STEPS = 8
 
 
 def test_a_vllm_pool_trains_validates_and_catches_a_temperature_cheat(
@@ -76,7 +82,10 @@ def test_a_vllm_pool_trains_validates_and_catches_a_temperature_cheat(
     summary = json.loads(run.summary.read_text())
     assert summary["final_step"] == STEPS and summary["ledger_problems"] == []
     (cheater,) = summary["cheaters"]
-    assert cheater["kind"] == "temperature" and cheater["caught"] and cheater["ejected"]
+    assert cheater["kind"] == "temperature" and cheater["caught"] and cheater["ejected"], (
+        cheater,
+        proc.stdout[-3000:],
+    )
     assert cheater["check"] in ("logprobs", "sampling"), cheater
     assert cheater["slashed"] > 0
 
