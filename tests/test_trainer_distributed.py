@@ -82,7 +82,14 @@ def _update(
     model, tok = load_policy(model_dir)
     model = distributed.prepare_model(model, ranks, False, precision)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.99), weight_decay=0.01)
-    settings = UpdateSettings(**{**SETTINGS.__dict__, "micro_batch_samples": micro})
+    settings = UpdateSettings(
+        **{
+            **SETTINGS.__dict__,
+            "micro_batch_samples": micro,
+            # as the trainer sets it: one process computes bf16 under autocast
+            "autocast_bf16": precision == "bf16" and not ranks.sharded,
+        }
+    )
     samples = _samples(len(tok))
     stats = rollout_update(
         model, opt, samples, MINIBATCHES, [LR, LR], settings, ranks, tok.pad_token_id
@@ -237,6 +244,19 @@ def test_bf16_compute_keeps_fp32_master_weights_close_to_fp32(two_ranks, referen
     step_bf16 = {k: run["weights"][k] - start[k] for k in start}
     step_fp32 = {k: reference["weights"][k] - start[k] for k in start}
     assert _weights_rel_diff(step_bf16, step_fp32) < 0.25
+
+
+def test_one_process_bf16_autocast_keeps_fp32_weights_close_to_fp32(model_dir, reference):
+    stats, weights, _ = _update(model_dir, Ranks(), None, precision="bf16")
+    assert all(w.dtype == torch.float32 for w in weights.values())
+    assert _close(stats.loss, reference["stats"].loss, rel=0.05)
+    assert _close(stats.grad_norm, reference["stats"].grad_norm, rel=0.05)
+    start = load_policy(model_dir)[0].state_dict()
+    step_bf16 = {k: weights[k] - start[k] for k in start}
+    step_fp32 = {k: reference["weights"][k] - start[k] for k in start}
+    # bf16 products moved the update (so autocast ran), but not far from the fp32 one
+    assert 0 < _weights_rel_diff(step_bf16, step_fp32) < 0.25
+    assert stats.loss != reference["stats"].loss
 
 
 @pytest.mark.slow

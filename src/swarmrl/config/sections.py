@@ -305,7 +305,7 @@ class TrainerConfig(_Section):
     )
     precision: Literal["fp32", "bf16"] = Field(
         "fp32",
-        description="fp32, or bf16 compute with fp32 master weights, gradient reductions and optimizer state (for GPUs; needs the sharded trainer, i.e. torchrun)",
+        description="fp32, or bf16 compute with fp32 master weights, gradient reductions and optimizer state: sharded (torchrun), parameters cast to bf16 by FSDP2; one process, the forward passes under bf16 autocast (matrix products in bf16, logprobs in fp32)",
     )
 
 

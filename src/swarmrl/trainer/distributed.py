@@ -153,8 +153,10 @@ def prepare_model(
 ) -> PreTrainedModel:
     """Activation checkpointing per decoder layer, then FSDP2 sharding (sharded ranks only).
 
-    bf16: parameters are all-gathered and computed in bf16 while the shards the optimizer
-    updates stay fp32 (the master weights), and gradients are reduced in fp32.
+    bf16, sharded: parameters are all-gathered and computed in bf16 while the shards the
+    optimizer updates stay fp32 (the master weights), and gradients are reduced in fp32.
+    bf16, one process: the model stays fp32 here; the update runs its forward passes
+    under bf16 autocast (`UpdateSettings.autocast_bf16`).
     """
     if activation_checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
@@ -164,11 +166,6 @@ def prepare_model(
         # Non-reentrant checkpointing composes with FSDP2's hooks and needs no input grads.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if not ranks.sharded:
-        if precision != "fp32":
-            raise ValueError(
-                f"trainer.precision {precision} needs the sharded trainer: start it under "
-                "torchrun (any --nproc-per-node, even 1) or set trainer.ranks"
-            )
         return model
     # FSDP and DTensor are imported here, by the sharded trainer alone: a second of CPU
     # that a one-process trainer would spend at its start, beside every other process's.

@@ -322,6 +322,7 @@ class Trainer:
             off_policy=OffPolicySettings.of(tc),
             max_update_kl=tc.max_update_kl,
             proximal=tc.proximal,
+            autocast_bf16=tc.precision == "bf16" and not self.ranks.sharded,
         )
         update = rollout_update(
             self.model,

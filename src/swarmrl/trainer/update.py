@@ -57,6 +57,9 @@ class UpdateSettings:
     off_policy: OffPolicySettings = field(default_factory=OffPolicySettings)
     max_update_kl: float = 0.0  # trust region on each optimizer step's KL per token; 0 = off
     proximal: ProximalMode = TrainerConfig().proximal  # the ratio's policy (run config's default)
+    # bf16 matrix products under torch.autocast, weights and optimizer fp32: the
+    # one-process trainer's `precision = bf16` (the sharded one casts through FSDP2)
+    autocast_bf16: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,9 +134,11 @@ def pad_behaviour(samples: list[Sample], width: int) -> torch.Tensor:
     return out
 
 
-def forward_logprobs(model, ids, targets, temperature):
+def forward_logprobs(model, ids, targets, temperature, bf16: bool = False):
     # Right padding keeps every real token's causal context free of pads: no mask needed.
-    logits = model(input_ids=ids, use_cache=False).logits[:, :-1]
+    # Under autocast only the matrix products run in bf16; the logprobs are taken in fp32.
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=bf16):
+        logits = model(input_ids=ids, use_cache=False).logits[:, :-1]
     return token_logprobs(logits, targets, temperature)
 
 
@@ -190,7 +195,10 @@ def rollout_update(
         model.eval()
         with torch.no_grad():
             old[1:] = [
-                [forward_logprobs(model, m.ids, m.targets, s.temperature)[0] for m in mb_micros]
+                [
+                    forward_logprobs(model, m.ids, m.targets, s.temperature, s.autocast_bf16)[0]
+                    for m in mb_micros
+                ]
                 for mb_micros in micros[1:]
             ]
     elif s.proximal != "minibatch":
@@ -207,7 +215,9 @@ def rollout_update(
         loss_sum = token_sum = clipped_sum = entropy_sum = 0.0
         before = []
         for m, old_logprobs in zip(mb_micros, mb_old, strict=True):
-            logprobs, entropy = forward_logprobs(model, m.ids, m.targets, s.temperature)
+            logprobs, entropy = forward_logprobs(
+                model, m.ids, m.targets, s.temperature, s.autocast_bf16
+            )
             if old_logprobs is None:
                 old_logprobs = logprobs.detach()
             if s.max_update_kl > 0:
@@ -278,7 +288,7 @@ def _update_kl(model, micros: list[_Micro], before: list[torch.Tensor], s, ranks
     total = count = 0.0
     with torch.no_grad():
         for m, b in zip(micros, before, strict=True):
-            now = forward_logprobs(model, m.ids, m.targets, s.temperature)[0]
+            now = forward_logprobs(model, m.ids, m.targets, s.temperature, s.autocast_bf16)[0]
             total += kl_sum(b, now, m.mask)
             count += float(m.mask.sum())
     total, count = all_sum(ranks, [total, count])
