@@ -8,7 +8,10 @@ a default the trainer's owner changes in config.py reaches both sides of the com
 TRL is used as a library; nothing of it is copied here.
 
 What is the same as `swarmrl run`:
-- model: the start model directory (default: the embedded one), fp32;
+- model: the start model directory (default: the embedded one), fp32 weights; the
+  training computes in bf16 mixed precision (TRL's `bf16=True`) where
+  `trainer.precision` resolves to bf16 (auto, the default: where the device multiplies
+  bf16 natively), as swarmrl's trainer then does;
 - task and prompts: the configured task's training problems, rendered by the task's own
   `render_prompt`, each with a target length drawn from `task.target_lengths`;
 - reward: the task's verifier minus `task.length_alpha`·|target − completion length|
@@ -68,6 +71,7 @@ from swarmrl.model.build import ensure_default_model  # noqa: E402
 from swarmrl.rewards import score_sample  # noqa: E402
 from swarmrl.tasks.base import Task  # noqa: E402
 from swarmrl.tasks.registry import build_task  # noqa: E402
+from swarmrl.trainer.distributed import compute_precision, native_bf16  # noqa: E402
 
 
 def training_prompts(task: Task, cfg: RunConfig) -> Dataset:
@@ -182,6 +186,8 @@ def advantage_settings(mode: str) -> dict:
 def grpo_config(cfg: RunConfig, out: Path) -> GRPOConfig:
     """swarmrl's recipe in TRL's terms (module docstring: what maps and what cannot)."""
     t, s = cfg.trainer, cfg.sampling
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    bf16 = compute_precision(t.precision, native_bf16(device)) == "bf16"
     if t.batch_samples % t.optimizer_steps:
         raise SystemExit(
             f"trainer.batch_samples ({t.batch_samples}) must split evenly into "
@@ -222,7 +228,9 @@ def grpo_config(cfg: RunConfig, out: Path) -> GRPOConfig:
         entropy_coef=t.entropy_coef,
         seed=t.seed,
         data_seed=cfg.seed,
-        bf16=False,
+        bf16=bf16,
+        # transformers refuses bf16 without a GPU unless told it runs on the CPU
+        use_cpu=bf16 and device.type == "cpu",
         activation_checkpointing=False,
         dataloader_pin_memory=False,
         logging_steps=t.optimizer_steps,

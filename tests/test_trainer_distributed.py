@@ -246,6 +246,18 @@ def test_bf16_compute_keeps_fp32_master_weights_close_to_fp32(two_ranks, referen
     assert _weights_rel_diff(step_bf16, step_fp32) < 0.25
 
 
+def test_auto_precision_is_bf16_only_where_the_device_computes_it_natively():
+    assert distributed.compute_precision("auto", True) == "bf16"
+    assert distributed.compute_precision("auto", False) == "fp32"
+    for asked in ("fp32", "bf16"):
+        assert distributed.compute_precision(asked, True) == asked
+        assert distributed.compute_precision(asked, False) == asked
+    with pytest.raises(ValueError, match="fp16"):
+        distributed.compute_precision("fp16", True)
+    assert distributed.native_bf16(torch.device("meta")) is False
+    assert isinstance(distributed.native_bf16(torch.device("cpu")), bool)
+
+
 def test_one_process_bf16_autocast_keeps_fp32_weights_close_to_fp32(model_dir, reference):
     stats, weights, _ = _update(model_dir, Ranks(), None, precision="bf16")
     assert all(w.dtype == torch.float32 for w in weights.values())

@@ -24,7 +24,7 @@ import signal
 import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, cast
 
 import torch
 import torch.distributed as dist
@@ -50,6 +50,27 @@ class Ranks:
     def is_main(self) -> bool:
         """Rank 0 alone reads rollouts, writes the published checkpoint and the metrics."""
         return self.rank == 0
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether `device` multiplies bf16 matrices natively: a GPU that supports bf16, or a
+    CPU with AVX512-BF16 or AMX tiles. Elsewhere a bf16 product is emulated and slower
+    than fp32."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return False
+
+
+def compute_precision(requested: str, native: bool) -> Literal["fp32", "bf16"]:
+    """`trainer.precision` resolved: auto is bf16 where the device computes it natively
+    (`native_bf16`), fp32 elsewhere; fp32 and bf16 are taken as asked."""
+    if requested == "auto":
+        return "bf16" if native else "fp32"
+    if requested not in ("fp32", "bf16"):
+        raise ValueError(f"trainer.precision {requested!r}: expected auto, fp32 or bf16")
+    return cast(Literal["fp32", "bf16"], requested)
 
 
 def under_torchrun() -> bool:

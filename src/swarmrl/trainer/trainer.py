@@ -144,8 +144,11 @@ class Trainer:
             )
         self.source = source
         n_params = sum(p.numel() for p in model.parameters())
+        self.precision = distributed.compute_precision(
+            tc.precision, distributed.native_bf16(self.ranks.device)
+        )
         self.model = distributed.prepare_model(
-            model, self.ranks, tc.activation_checkpointing, tc.precision
+            model, self.ranks, tc.activation_checkpointing, self.precision
         )
         if self.ranks.is_main:
             log.info(
@@ -154,7 +157,7 @@ class Trainer:
                 self.ranks.world,
                 " sharded with FSDP2" if self.ranks.sharded else "",
                 self.ranks.device,
-                tc.precision,
+                self.precision if tc.precision != "auto" else f"{self.precision} (auto)",
             )
         self.opt = torch.optim.AdamW(
             self.model.parameters(), lr=tc.lr, betas=tc.betas, weight_decay=tc.weight_decay
@@ -322,7 +325,7 @@ class Trainer:
             off_policy=OffPolicySettings.of(tc),
             max_update_kl=tc.max_update_kl,
             proximal=tc.proximal,
-            autocast_bf16=tc.precision == "bf16" and not self.ranks.sharded,
+            autocast_bf16=self.precision == "bf16" and not self.ranks.sharded,
         )
         update = rollout_update(
             self.model,
