@@ -10,8 +10,8 @@ TRL is used as a library; nothing of it is copied here.
 What is the same as `swarmrl run`:
 - model: the start model directory (default: the embedded one), fp32 weights; the
   training computes in bf16 mixed precision (TRL's `bf16=True`) where
-  `trainer.precision` resolves to bf16 (auto, the default: where the device multiplies
-  bf16 natively), as swarmrl's trainer then does;
+  `trainer.precision` resolves to bf16 (bf16, or auto where the device multiplies bf16
+  natively), as swarmrl's trainer then does;
 - task and prompts: the configured task's training problems, rendered by the task's own
   `render_prompt`, each with a target length drawn from `task.target_lengths`;
 - reward: the task's verifier minus `task.length_alpha`·|target − completion length|

@@ -304,7 +304,7 @@ class TrainerConfig(_Section):
         description="recompute each decoder layer's activations in the backward pass instead of keeping them (less memory, about one more forward of time)",
     )
     precision: Literal["auto", "fp32", "bf16"] = Field(
-        "auto",
+        "fp32",
         description="auto: bf16 where the trainer's device multiplies bf16 natively (a GPU with bf16; a CPU with AVX512-BF16 or AMX), fp32 elsewhere; fp32; or bf16 compute with fp32 master weights, gradient reductions and optimizer state: sharded (torchrun), parameters cast to bf16 by FSDP2; one process, the forward passes under bf16 autocast (matrix products in bf16, logprobs in fp32)",
     )
 
